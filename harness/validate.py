@@ -1,0 +1,137 @@
+"""Validating problems: each distributed reference, under gloo, against its single-process oracle.
+
+Rank processes are trusted here (our own references), so one pool per world size serves every
+problem; a problem that fails or hangs costs a pool restart, not the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness import failures
+from harness.contract_checks import input_problems, metadata_problems
+from harness.pool import Hang, PoolError, RankPool
+from harness.problem import Problem
+from harness.registry import UnknownProblem, discover, select
+
+
+@dataclass
+class Validation:
+    problem: str
+    category: str
+    world_size: int
+    ok: bool
+    verdict: str
+    message: str
+    seconds: float
+
+
+def validate_problems(
+    problems: Sequence[Problem],
+    world_sizes: Sequence[int],
+    *,
+    shape: str = "small",
+    trials: int = 3,
+    seed: int = 0,
+    timeout: float = 60.0,
+    on_result: Callable[[Validation], None] | None = None,
+) -> list[Validation]:
+    results: list[Validation] = []
+
+    def record(v: Validation) -> None:
+        results.append(v)
+        if on_result:
+            on_result(v)
+
+    for world_size in world_sizes:
+        pool: RankPool | None = None
+        try:
+            for problem in problems:
+                if not problem.supports(world_size):
+                    continue
+                started = time.perf_counter()
+                issues = metadata_problems(problem) + input_problems(problem, shape, world_size, seed)
+                if issues:
+                    record(Validation(problem.name, problem.category, world_size, False, "contract",
+                                      "; ".join(issues), time.perf_counter() - started))
+                    continue
+                if pool is None:
+                    pool = RankPool(world_size, "cpu").start()
+                request = {"op": "validate", "problem": str(problem.path), "shape": shape, "seed": seed,
+                           "trials": trials}
+                try:
+                    replies = pool.request(request, timeout=timeout)
+                except Hang as hang:
+                    pool.kill()
+                    pool = None
+                    record(Validation(problem.name, problem.category, world_size, False, failures.DEADLOCK,
+                                      str(hang), time.perf_counter() - started))
+                    continue
+                bad = [r for r in replies if not r.get("ok")]
+                if bad:
+                    pool.kill()  # a rank that failed mid-collective leaves the group unusable
+                    pool = None
+                    first = bad[0]
+                    message = first.get("message", "")
+                    if first.get("evidence"):
+                        message += "\n" + first["evidence"]
+                    record(Validation(problem.name, problem.category, world_size, False,
+                                      first.get("verdict", failures.INFRA_ERROR), message,
+                                      time.perf_counter() - started))
+                    continue
+                worst = max(r.get("max_abs_err", 0.0) for r in replies)
+                record(Validation(problem.name, problem.category, world_size, True, "ok",
+                                  f"max abs err {worst:.3g}", time.perf_counter() - started))
+        except PoolError as err:
+            record(Validation("*", "*", world_size, False, failures.INFRA_ERROR, str(err), 0.0))
+        finally:
+            if pool is not None:
+                pool.close()
+    return results
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"world sizes must be integers separated by commas, got {text!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"world sizes must be positive, got {text!r}")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plain-text entry point (`python -m harness.validate`); `pkb problems validate` is the rich one."""
+    parser = argparse.ArgumentParser(description="Validate problem references against their oracles")
+    parser.add_argument("selection", nargs="*", help="problem names, globs or categories")
+    parser.add_argument("--world-size", default="2,4")
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    suite, malformed = discover()
+    for err in malformed:
+        print(f"MALFORMED {err}", flush=True)
+    try:
+        problems = select(suite, args.selection)
+        sizes = parse_world_sizes(args.world_size)
+    except (UnknownProblem, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    def show(v: Validation) -> None:
+        status = "PASS" if v.ok else "FAIL"
+        print(f"{status} W={v.world_size} {v.problem:40s} {v.seconds:6.2f}s  {v.verdict}: {v.message}", flush=True)
+
+    started = time.perf_counter()
+    results = validate_problems(problems, sizes, trials=args.trials, seed=args.seed, on_result=show)
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {time.perf_counter() - started:.1f} s")
+    return 1 if failed or malformed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
