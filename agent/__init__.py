@@ -1,0 +1,1 @@
+"""The agent: LangGraph loop, model providers, budgets, the experiment runner and the `pkb` CLI."""

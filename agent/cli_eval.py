@@ -1,0 +1,96 @@
+"""`pkb eval`: score one candidate file on one problem with the full harness protocol."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file, one_problem
+from harness.config import EvalConfig, TimingConfig
+from harness.evaluate import evaluate
+from harness.results import EvalResult
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a candidate solution file on one problem")
+    p.add_argument("--problem", required=True, help="problem name")
+    p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-timing", action="store_true", help="check correctness only")
+    p.add_argument("--check-timeout", type=float, default=None, help="seconds the correctness phase may take")
+    p.add_argument("--json", action="store_true", help="print the result record as JSON")
+    p.add_argument("--out", default=None, help="also write the result JSON to this file")
+    p.set_defaults(handler=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    problem = one_problem(args.problem)
+    solution = existing_file(args.solution, "solution file")
+    shape = args.shape or ("default" if args.device == "cuda" else "small")
+    check_shape(problem, shape)
+    check_world_size(problem, args.world_size)
+    if args.trials < 2:
+        raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda: no CUDA device is visible on this machine")
+        if torch.cuda.device_count() < args.world_size:
+            raise CliError(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
+                           f"{torch.cuda.device_count()} visible")
+    config = EvalConfig(trials=args.trials, seed=args.seed, skip_timing=args.no_timing,
+                        timing=TimingConfig.for_device(args.device))
+    if args.check_timeout:
+        config.limits.check_s = args.check_timeout
+    if not args.json:
+        console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, {args.device})")
+    result = evaluate(problem, solution, world_size=args.world_size, device=args.device, shape=shape, config=config)
+    text = result.model_dump_json(indent=2)
+    if args.out:
+        _write_atomic(Path(args.out), text)
+    if args.json:
+        print(text)
+    else:
+        render(result)
+    return 0 if result.correct else 1
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def render(result: EvalResult) -> None:
+    color = "green" if result.correct else "red"
+    console.print(f"verdict: [{color}]{result.verdict}[/{color}]")
+    if result.failure:
+        f = result.failure
+        where = ", ".join(x for x in (f"rank {f.rank}" if f.rank is not None else "",
+                                      f"trial {f.trial}" if f.trial is not None else "",
+                                      f"phase {f.phase}" if f.phase else "") if x)
+        console.print(f"{f.message}" + (f"  ({where})" if where else ""))
+        if f.evidence:
+            console.print(f.evidence, markup=False, highlight=False)
+    if result.flags:
+        console.print(f"flags: {', '.join(result.flags)}")
+    if result.timings:
+        table = Table(title=f"timing ({result.timings.candidate.clock}; max over ranks per iteration)")
+        for col in ("", "median ms", "p10 ms", "p90 ms", "CV", "host median ms", "iters"):
+            table.add_column(col)
+        for name, t in (("reference", result.timings.reference), ("candidate", result.timings.candidate)):
+            table.add_row(name + (" (cached)" if t.cached else ""), f"{t.median_ms:.4f}", f"{t.p10_ms:.4f}",
+                          f"{t.p90_ms:.4f}", f"{t.cv:.1%}", f"{t.host_median_ms:.4f}", str(t.iterations))
+        console.print(table)
+        console.print(f"speedup: {result.speedup:.3f}x")
+    console.print("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.stages.items()))

@@ -1,0 +1,121 @@
+"""`pkb problems list | show | validate`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
+from rich.table import Table
+
+from agent.cli_common import console, one_problem, selected, world_sizes
+from harness.validate import Validation, validate_problems
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    problems = sub.add_parser("problems", help="list, show and validate the problem suite")
+    psub = problems.add_subparsers(dest="problems_command", metavar="ACTION", required=True)
+
+    p = psub.add_parser("list", help="name, category, source and world sizes of each problem")
+    p.add_argument("selection", nargs="*", help="names, globs (all_*), categories")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_list)
+
+    p = psub.add_parser("show", help="a problem's spec, shapes and reference source")
+    p.add_argument("name")
+    p.set_defaults(handler=cmd_show)
+
+    p = psub.add_parser("validate", help="distributed reference vs single-process oracle under gloo")
+    p.add_argument("selection", nargs="*", help="names, globs (all_*), categories; default: all")
+    p.add_argument("--world-size", default="2,4", help="comma-separated world sizes (default 2,4)")
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", default="small")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_validate)
+
+
+def _row(problem) -> dict:
+    return {
+        "name": problem.name,
+        "category": problem.category,
+        "source": problem.source,
+        "world_sizes": list(problem.world_sizes),
+        "dtype": str(problem.dtype).replace("torch.", ""),
+        "shapes": problem.shapes,
+        "summary": problem.summary,
+    }
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    problems = selected(args.selection)
+    if args.json:
+        print(json.dumps([_row(p) for p in problems], indent=2))
+        return 0
+    table = Table(title=f"{len(problems)} problems", show_lines=False)
+    for col in ("name", "category", "source", "world sizes"):
+        table.add_column(col)
+    for p in problems:
+        src = f"{p.source['codebase']}: {p.source['path']} :: {p.source['symbol']}"
+        table.add_row(p.name, p.category, src, ",".join(map(str, p.world_sizes)))
+    console.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    p = one_problem(args.name)
+    console.print(f"[bold]{p.name}[/bold]  ({p.category})")
+    console.print(f"source: {p.source['codebase']} — {p.source['path']} :: {p.source['symbol']}")
+    console.print(f"dtype: {str(p.dtype).replace('torch.', '')}   world sizes: {', '.join(map(str, p.world_sizes))}"
+                  f"   tolerance: atol={p.atol:g} rtol={p.rtol:g}")
+    console.print(p.summary, "\n")
+    shapes = Table(title="shapes")
+    shapes.add_column("name")
+    shapes.add_column("dimensions")
+    for name, dims in p.shapes.items():
+        shapes.add_row(name, ", ".join(f"{k}={v}" for k, v in dims.items()))
+    console.print(shapes)
+    console.print(Syntax(p.path.read_text(), "python", line_numbers=False))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    problems = selected(args.selection)
+    sizes = world_sizes(args.world_size)
+    jobs = sum(1 for w in sizes for p in problems if p.supports(w))
+    results: list[Validation] = []
+    started = time.perf_counter()
+    with Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=args.json) as progress:
+        task = progress.add_task("", total=jobs)
+
+        def on_result(v: Validation) -> None:
+            results.append(v)
+            progress.update(task, advance=1, description=f"W={v.world_size} {v.problem}")
+            if not v.ok and not args.json:
+                progress.console.print(f"[red]FAIL[/red] W={v.world_size} {v.problem}: {v.verdict}: {v.message}")
+
+        validate_problems(problems, sizes, shape=args.shape, trials=args.trials, seed=args.seed,
+                          on_result=on_result)
+    elapsed = time.perf_counter() - started
+    failed = [v for v in results if not v.ok]
+    if args.json:
+        print(json.dumps({"seconds": elapsed, "results": [v.__dict__ for v in results]}, indent=2))
+    else:
+        table = Table(title=f"validation: {len(results) - len(failed)} passed, {len(failed)} failed, {elapsed:.1f} s")
+        table.add_column("problem")
+        table.add_column("category")
+        for w in sizes:
+            table.add_column(f"W={w}")
+        by_key = {(v.problem, v.world_size): v for v in results}
+        for p in problems:
+            cells = []
+            for w in sizes:
+                v = by_key.get((p.name, w))
+                cells.append("—" if v is None else ("[green]pass[/green]" if v.ok else f"[red]{v.verdict}[/red]"))
+            table.add_row(p.name, p.category, *cells)
+        console.print(table)
+        console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.1f} s")
+    return 1 if failed else 0

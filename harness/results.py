@@ -1,0 +1,131 @@
+"""The result record of one evaluation: one JSON document, validated by pydantic.
+
+Parent-side only (the rank worker must not import pydantic).
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from harness import failures
+
+SCHEMA_VERSION = 1
+
+Verdict = Literal[
+    "correct",
+    "compile_error",
+    "api_error",
+    "runtime_error",
+    "shape_mismatch",
+    "output_mismatch",
+    "deadlock",
+    "infra_error",
+]
+
+
+class Failure(BaseModel):
+    verdict: Verdict
+    message: str
+    rank: int | None = None
+    trial: int | None = None
+    phase: str | None = None
+    evidence: str = ""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+
+
+class TimingStats(BaseModel):
+    """Device time per call (max over ranks per iteration), and host-inclusive latency apart."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    cv: float = Field(description="coefficient of variation (stdev / mean) of the per-iteration times")
+    iterations: int
+    host_median_ms: float
+    input_sets: int
+    spin_us: float
+    slowest_rank: int
+    rank_medians_ms: list[float]
+    clock: Literal["cuda_events", "host"]
+    cached: bool = False
+
+    @classmethod
+    def from_ranks(cls, replies: list[dict[str, Any]], clock: str) -> TimingStats:
+        per_rank = [r["times_ms"] for r in replies]
+        per_iter = [max(vals) for vals in zip(*per_rank)]  # an iteration ends when its slowest rank does
+        host = [max(vals) for vals in zip(*(r["host_ms"] for r in replies))]
+        rank_medians = [statistics.median(t) for t in per_rank]
+        mean = statistics.fmean(per_iter)
+        qs = statistics.quantiles(per_iter, n=10, method="inclusive") if len(per_iter) > 1 else per_iter * 9
+        return cls(
+            median_ms=statistics.median(per_iter),
+            p10_ms=qs[0],
+            p90_ms=qs[-1],
+            mean_ms=mean,
+            cv=(statistics.stdev(per_iter) / mean) if len(per_iter) > 1 and mean > 0 else 0.0,
+            iterations=len(per_iter),
+            host_median_ms=statistics.median(host) if host else float("nan"),
+            input_sets=int(replies[0]["input_sets"]),
+            spin_us=float(replies[0]["spin_us"]),
+            slowest_rank=max(range(len(rank_medians)), key=rank_medians.__getitem__),
+            rank_medians_ms=rank_medians,
+            clock=clock,  # type: ignore[arg-type]
+        )
+
+
+class Timings(BaseModel):
+    reference: TimingStats
+    candidate: TimingStats
+
+
+class CandidateInfo(BaseModel):
+    path: str
+    sha256: str
+
+
+class EvalResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    problem: str
+    category: str
+    origin: str = "pkb-agent"
+    shape: str
+    world_size: int
+    device: Literal["cpu", "cuda"]
+    candidate: CandidateInfo
+    verdict: Verdict
+    correct: bool
+    failure: Failure | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    timings: Timings | None = None
+    speedup: float | None = None
+    roofline: dict[str, Any] | None = None
+    flags: list[str] = Field(default_factory=list)
+    seed: int
+    trials: int
+    stages: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
+    environment: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def failure_class(self) -> str:
+        return self.verdict
+
+    def summary_line(self) -> str:
+        if self.correct and self.speedup is not None:
+            return f"{self.verdict}: speedup {self.speedup:.2f}x"
+        if self.correct:
+            return self.verdict
+        assert self.failure is not None
+        return f"{self.verdict}: {self.failure.message}"
+
+
+def is_model_failure(verdict: str) -> bool:
+    return verdict not in (failures.CORRECT, failures.INFRA_ERROR)

@@ -1,0 +1,4 @@
+
+
+def solve(x):
+    return x.clone()

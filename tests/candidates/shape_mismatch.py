@@ -1,0 +1,7 @@
+import torch.distributed as dist
+
+
+def solution(x):
+    out = x.clone()
+    dist.all_reduce(out)
+    return out[:, :-1]

@@ -1,0 +1,109 @@
+"""`pkb eval` gives the right failure class for each kind of broken candidate (CPU, gloo, W=2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main as pkb
+from harness.config import EvalConfig, Limits, TimingConfig
+from harness.evaluate import evaluate
+from harness.registry import get, load_suite
+from tests.conftest import CANDIDATES, live_children, pid_alive
+
+
+@pytest.fixture(scope="module")
+def all_reduce():
+    return get(load_suite(), "all_reduce")
+
+
+def run(problem, name: str, **limits) -> object:
+    config = EvalConfig(trials=3, timing=TimingConfig.for_device("cpu"), limits=Limits(**limits))
+    result = evaluate(problem, CANDIDATES / name, world_size=2, device="cpu", shape="small", config=config)
+    assert live_children() == [], "an evaluation left a process behind"
+    return result
+
+
+def test_correct_alternative_is_correct_and_timed(all_reduce):
+    r = run(all_reduce, "correct_all_gather_sum.py")
+    assert r.verdict == "correct" and r.correct and r.failure is None
+    assert r.timings is not None and r.speedup is not None and r.speedup > 0
+    assert r.timings.candidate.iterations == 10 and r.timings.candidate.clock == "host"
+    assert set(r.stages) >= {"compile", "launch", "load", "check", "timing"}
+    assert r.max_abs_err is not None and r.max_abs_err < 0.05
+
+
+def test_syntax_error_is_compile_error(all_reduce):
+    r = run(all_reduce, "compile_error_syntax.py")
+    assert r.verdict == "compile_error"
+    assert "line 4" in r.failure.message
+    assert "launch" not in r.stages  # no rank ever started
+
+
+@pytest.mark.parametrize("name", ["api_error_no_solution.py", "api_error_signature.py",
+                                  "api_error_missing_import.py"])
+def test_api_errors(all_reduce, name):
+    r = run(all_reduce, name)
+    assert r.verdict == "api_error", r.failure
+    assert r.failure.phase == "load"
+
+
+def test_raise_on_rank1_is_runtime_error_naming_the_rank(all_reduce):
+    r = run(all_reduce, "runtime_error_rank1.py")
+    assert r.verdict == "runtime_error"
+    assert r.failure.rank == 1
+    assert "rank 1" in r.failure.message and "ValueError" in r.failure.message
+    assert "rank one lost its buffer" in r.failure.evidence
+    assert len(r.failure.evidence.splitlines()) <= 41  # trimmed
+
+
+def test_wrong_shape_is_shape_mismatch(all_reduce):
+    r = run(all_reduce, "shape_mismatch.py")
+    assert r.verdict == "shape_mismatch"
+    assert "shape" in r.failure.message
+
+
+def test_wrong_values_on_one_rank_is_output_mismatch(all_reduce):
+    r = run(all_reduce, "output_mismatch_rank1.py")
+    assert r.verdict == "output_mismatch"
+    assert r.failure.rank == 1
+    assert r.failure.max_abs_err is not None and r.failure.max_abs_err > 2.0
+    assert r.failure.max_rel_err is not None
+    assert "max abs err" in r.failure.message
+
+
+def test_hang_on_one_rank_is_deadlock_and_nothing_survives(all_reduce, tmp_path, monkeypatch):
+    marker = tmp_path / "child.pid"
+    monkeypatch.setenv("PKB_TEST_CHILD_PID_FILE", str(marker))
+    r = run(all_reduce, "deadlock_rank1.py", check_s=4)
+    assert r.verdict == "deadlock"
+    assert r.failure.phase == "check"
+    assert "1" in r.failure.message
+    # The candidate's own child process was killed with its rank's process group.
+    assert marker.exists()
+    assert not pid_alive(int(marker.read_text()))
+
+
+def test_mutating_inputs_fails(all_reduce):
+    r = run(all_reduce, "mutates_inputs.py")
+    assert r.verdict == "output_mismatch"
+    assert "mutates_inputs" in r.flags
+
+
+def test_stale_result_fails(all_reduce):
+    r = run(all_reduce, "stale_output.py")
+    assert r.verdict == "output_mismatch"
+    assert r.failure.trial == 1  # right on the first call, wrong on the second
+    assert "stale_output" in r.flags
+
+
+def test_cli_eval_json_and_exit_codes(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    code = pkb(["eval", "--problem", "all_reduce", "--solution", str(CANDIDATES / "shape_mismatch.py"),
+                "--json", "--out", str(out), "--no-timing"])
+    assert code == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["verdict"] == "shape_mismatch"
+    assert json.loads(Path(out).read_text())["verdict"] == "shape_mismatch"
