@@ -120,7 +120,7 @@ def evaluate(
         # 2. launch the ranks.
         pool.start()
         stages["launch"] = time.perf_counter() - started
-        base = {"problem": str(problem.path), "candidate": str(candidate_path), "shape": shape}
+        base = {"problem": problem.loader_spec, "candidate": str(candidate_path), "shape": shape}
 
         # 3. load the candidate on every rank (in-process builds hit the cache filled in step 1).
         phase, started = "load", time.perf_counter()

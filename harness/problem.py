@@ -55,6 +55,12 @@ class Problem:
     path: Path
     module: ModuleType = field(repr=False, compare=False)
     origin: str = "pkb-agent"  # or "pkb" for problems loaded from a PKB checkout
+    spec: str = ""  # how a rank worker loads it again; empty means the file path
+
+    @property
+    def loader_spec(self) -> str:
+        """The string a rank worker passes to load_problem_spec to get this problem back."""
+        return self.spec or str(self.path)
 
     @property
     def make_inputs(self) -> Callable[..., tuple]:
@@ -116,6 +122,15 @@ def load_problem(path: str | Path) -> Problem:
     except Exception as exc:  # a broken problem file must name itself, not crash the caller
         raise MalformedProblem(f"{path}: cannot import: {type(exc).__name__}: {exc}") from exc
     return problem_from_module(module, path)
+
+
+def load_problem_spec(spec: str) -> Problem:
+    """Load a problem from its loader spec: a file path, or 'pkb:...' for a PKB checkout's problem."""
+    if spec.startswith("pkb:"):
+        from harness import pkb_compat  # only problems from a PKB checkout need the adapter
+
+        return pkb_compat.load_pkb_problem_spec(spec)
+    return load_problem(spec)
 
 
 def _fail(path: Path, what: str) -> MalformedProblem:

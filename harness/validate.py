@@ -61,7 +61,7 @@ def validate_problems(
                     continue
                 if pool is None:
                     pool = RankPool(world_size, "cpu").start()
-                request = {"op": "validate", "problem": str(problem.path), "shape": shape, "seed": seed,
+                request = {"op": "validate", "problem": problem.loader_spec, "shape": shape, "seed": seed,
                            "trials": trials}
                 try:
                     replies = pool.request(request, timeout=timeout)

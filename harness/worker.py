@@ -22,7 +22,7 @@ import torch.distributed as dist
 from harness import failures, timing
 from harness.candidate import CandidateError, load_candidate, trimmed_traceback
 from harness.compare import compare_outputs, same_values
-from harness.problem import Problem, load_problem
+from harness.problem import Problem, load_problem_spec
 from harness.seeds import rank_seed
 
 
@@ -63,7 +63,7 @@ class Worker:
 
     def problem(self, path: str) -> Problem:
         if path not in self.problems:
-            self.problems[path] = load_problem(path)
+            self.problems[path] = load_problem_spec(path)
         return self.problems[path]
 
     def generator(self, seed: int, trial: int, rank: int) -> torch.Generator:
@@ -107,8 +107,9 @@ class Worker:
             mine = self.inputs(problem, shape, req["seed"], trial)
             out = problem.solution(*clone_tree(mine))
             self.sync()
-            cpu = torch.device("cpu")
-            everyone = [self.inputs(problem, shape, req["seed"], trial, r, cpu) for r in range(self.world_size)]
+            # Every rank's inputs, drawn on this device (a CUDA generator's stream differs from the CPU's),
+            # then handed to the oracle on the CPU.
+            everyone = [_to_cpu(self.inputs(problem, shape, req["seed"], trial, r)) for r in range(self.world_size)]
             expected = problem.oracle(shape, self.world_size, everyone)
             if len(expected) != self.world_size:
                 return {"ok": False, "verdict": failures.INFRA_ERROR,
