@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from harness import metrics
 from harness.run_reader import Candidate, Message, Run, Sample
 
 REPORT_SCHEMA = "pkb-report/1"
 BASELINE_CONDITION = "zero-shot"
+NO_SAMPLES = "No sample has been written in these runs yet."
 CURVE_TABLE_PS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 HEADLINE_METRICS = (  # key in the arm's metrics, column title ({k} filled in)
     ("pass_at_1", "pass@1"),
@@ -242,6 +244,9 @@ def fast_p_figure(report: Report) -> bytes:
     fig = Figure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     k = report.k
+    if not report.data["arms"]:
+        _empty(ax, "no sample yet")
+        return _png(fig)
     for arm in report.data["arms"]:
         curve = np.asarray(arm["fast_p_curve"], dtype=float)
         ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2)
@@ -269,10 +274,14 @@ def _strip_figure(report: Report, key: str, ylabel: str, title: str, log: bool) 
     rng = np.random.default_rng(0)  # fixed jitter: the same run gives the same picture
     for i, values in enumerate(series):
         if values:
-            ax.boxplot([values], positions=[i], widths=0.5, showfliers=False)
-            ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=14, alpha=0.7, zorder=3)
+            ax.boxplot([values], positions=[i], widths=0.5, showfliers=False,
+                       medianprops={"color": "#333333"})
+            ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=14, alpha=0.7, zorder=3,
+                       color=f"C{i % 10}")  # the arm's colour in the fast_p plot
     if log:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.axhline(1.0, color="#999999", linestyle="--", linewidth=0.8)
     else:
         ax.set_ylim(0, 1.05)
@@ -352,6 +361,16 @@ def fmt_speedup(value: float | None) -> str:
 
 def fmt_tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else (f"{n / 1e3:.1f}k" if n >= 1e3 else str(n))
+
+
+def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "model", "conditions", "samples", "device", "W", "shape", "created"]
+    keys = ("run_id", "model", "conditions", "samples", "device", "world_size", "shape", "created_at")
+    rows = []
+    for r in report.data["runs"]:
+        values = [", ".join(r[key]) if key == "conditions" else r[key] for key in keys]
+        rows.append(["—" if v is None or v == "" else str(v) for v in values])
+    return head, rows
 
 
 def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -483,13 +502,13 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
     figures = figures or {}
     k = report.k
     out = [f"# pkb-agent report ({len(d['runs'])} run{'s' if len(d['runs']) != 1 else ''})", ""]
-    out.append(md_table(["run", "model", "conditions", "samples", "device", "W", "shape", "created"],
-                        [[r["run_id"], r["model"], ", ".join(r["conditions"]), str(r["samples"]), str(r["device"]),
-                          str(r["world_size"]), str(r["shape"]), r["created_at"]] for r in d["runs"]]))
+    out.append(md_table(*run_rows(report)))
     out += ["", "## Headline", "",
             f"Means over problems with a {d['level']:.0%} bootstrap interval (percentile method, "
             f"{d['resamples']} resamples of problems, seed {d['seed']}); k = {k}. fast_p counts samples that "
             "are correct and faster than p times the reference.", "", md_table(*headline_rows(report))]
+    if not d["arms"]:
+        out.append(f"\n{NO_SAMPLES}")
     excluded = [(a["label"], a["excluded_problems"]) for a in d["arms"] if a["excluded_problems"]]
     for label, names in excluded:
         out.append(f"\n{label}: left out (fewer than {k} finished samples): {', '.join(names)}")
@@ -567,9 +586,9 @@ def _verdict_span(verdict: str | None, correct: bool | None = None) -> str:
 
 def _candidate_html(c: Candidate, open_: bool = False) -> str:
     info = c.info
-    bits = [b for b in (str(info.get("tool", "")), str(info.get("message", "")) if info.get("message") else "",
-                        f"speedup {info['speedup']:.2f}x" if isinstance(info.get("speedup"), (int, float)) else "")
-            if b]
+    speedup = info.get("speedup")
+    bits = [str(b) for b in (info.get("tool") or info.get("name"), info.get("message"),
+                             f"speedup {speedup:.2f}x" if isinstance(speedup, (int, float)) else None) if b]
     details = f"<pre>{esc(json.dumps(info, indent=1, default=str))}</pre>" if info else ""
     return (f'<details class="candidate"{" open" if open_ else ""}><summary><code>{esc(c.path)}</code> — '
             f'{_verdict_span(c.verdict)}{(" · " + esc(" · ".join(bits))) if bits else ""}</summary>'
@@ -656,9 +675,7 @@ def to_html(report: Report) -> str:
     """One self-contained HTML file: inline CSS, figures as base64 PNG, no script, no external URL."""
     d = report.data
     k = report.k
-    runs = html_table(["run", "model", "conditions", "samples", "device", "W", "shape", "created"],
-                      [[r["run_id"], r["model"], ", ".join(r["conditions"]), str(r["samples"]), str(r["device"]),
-                        str(r["world_size"]), str(r["shape"]), r["created_at"]] for r in d["runs"]], "runs-table")
+    runs = html_table(*run_rows(report), "runs-table")
     excluded = "".join(f'<p class="note">{esc(a["label"])}: left out (fewer than {k} finished samples): '
                        f'{esc(", ".join(a["excluded_problems"]))}</p>' for a in d["arms"] if a["excluded_problems"])
     parts = [
@@ -672,7 +689,8 @@ def to_html(report: Report) -> str:
         f'<p class="note">Means over problems with a {d["level"]:.0%} bootstrap interval (percentile method, '
         f'{d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
         "correct and faster than p times the reference.</p>",
-        html_table(*headline_rows(report), "headline-table"), excluded, "</section>",
+        html_table(*headline_rows(report), "headline-table"), excluded,
+        f'<p class="note">{esc(NO_SAMPLES)}</p>' if not d["arms"] else "", "</section>",
     ]
     if d["comparisons"]:
         parts += ['<section id="comparison"><h2>Comparison</h2>',

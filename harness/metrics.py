@@ -1,7 +1,8 @@
 """Metrics over finished samples: pass@k, fast_p@k, intervals, speedups, failures, usage. Pure: no I/O.
 
 A sample record is a mapping shaped like docs/run-layout.md's sample.json. Only finished samples
-(`"status": "finished"`) count. Per problem with n samples of which c are correct:
+(`"status": "finished"`) count, and an `infra_error` verdict (the harness's failure, not the model's) is
+left out of n. Per problem with n samples of which c are correct:
 
     pass@k   = 1 - C(n-c, k) / C(n, k)        (the unbiased estimator; needs n >= k)
     fast_p@k = the same with f = samples that are correct AND have a measured speedup > p

@@ -66,23 +66,29 @@ def time_function(
 
     # Warm-up: compile, JIT, allocator and communicator set-up stay out of the numbers. It also gives
     # the host enqueue time of one call, which sizes the spin.
-    enqueue = []
-    for i in range(warmup):
-        _device_barrier(device, token)
+    enqueue, barrier_enqueue = [], []
+    for i in range(max(warmup, 1)):
         t0 = time.perf_counter()
+        _device_barrier(device, token)
+        t1 = time.perf_counter()
         fn(*sets[i % n_sets])
-        enqueue.append(time.perf_counter() - t0)
+        enqueue.append(time.perf_counter() - t1)
+        barrier_enqueue.append(t1 - t0)
         if cuda:
             torch.cuda.synchronize(device)
-    enqueue.sort()
-    enqueue_s = enqueue[len(enqueue) // 2] if enqueue else 0.0
+    # The first call may compile or allocate: the median is the steady-state enqueue cost.
+    enqueue_s = sorted(enqueue)[len(enqueue) // 2]
+    barrier_s = sorted(barrier_enqueue)[len(barrier_enqueue) // 2]
 
     times_ms: list[float] = []
     spin_us = 0.0
     if cuda:
         flush = torch.empty(2 * l2_bytes // 4 + 1, dtype=torch.int32, device=device)
-        # Cover the host's enqueue of barrier + call with margin; ~1.98 GHz SM clock under load.
-        spin_us = min(config.get("max_spin_us", 2000.0), max(config.get("min_spin_us", 20.0), 3e6 * enqueue_s + 20))
+        # The spin must outlast the host's enqueue of barrier, start event and call, or the GPU would
+        # reach the start event early and time the host. Generous margin: it costs nothing timed.
+        # ~1.98 GHz SM clock under load.
+        wanted = 4e6 * (enqueue_s + barrier_s) + 30.0
+        spin_us = min(config.get("max_spin_us", 2000.0), max(config.get("min_spin_us", 20.0), wanted))
         spin_cycles = int(spin_us * 1980)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -124,4 +130,5 @@ def time_function(
         "l2_bytes": l2_bytes,
         "spin_us": spin_us,
         "enqueue_us": enqueue_s * 1e6,
+        "barrier_enqueue_us": barrier_s * 1e6,
     }

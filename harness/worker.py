@@ -96,6 +96,14 @@ class Worker:
             return self.check(req)
         if op == "time":
             return self.time(req)
+        if op == "trace":  # the reference's collectives and FLOPs, for the roofline
+            from harness import tracing
+
+            return tracing.trace_in_worker(self, req)
+        if op == "profile":  # per-rank kernel timeline of reference or candidate
+            from harness import profiling
+
+            return profiling.profile_in_worker(self, req)
         raise ValueError(f"unknown op {op!r}")
 
     def validate(self, req: dict[str, Any]) -> dict[str, Any]:

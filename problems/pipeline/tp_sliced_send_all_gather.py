@@ -40,7 +40,7 @@ STAGES = 2
 def make_inputs(shape, rank, world_size, generator, device):
     # Replicated within a TP group: draw every stage's tensors from a trial-wide generator, keep ours.
     shared = torch.Generator(device=device)
-    shared.manual_seed(generator.initial_seed() - rank)
+    shared.manual_seed(generator.initial_seed() - rank + (1 << 15))
     size = (shape["tokens"], shape["hidden"])
     stage = rank // (world_size // STAGES)
     drawn = [

@@ -39,7 +39,7 @@ def make_inputs(shape, rank, world_size, generator, device):
     x = torch.randn(t, h, generator=generator, device=device) / world_size**0.5
     # residual and norm weight are replicated: every rank draws them from the same shared seed.
     shared = torch.Generator(device=device)
-    shared.manual_seed(generator.initial_seed() - rank)
+    shared.manual_seed(generator.initial_seed() - rank + (1 << 15))
     residual = torch.randn(t, h, generator=shared, device=device)
     weight = 1.0 + 0.25 * torch.randn(h, generator=shared, device=device)
     return x.to(torch.bfloat16), residual.to(torch.bfloat16), weight.to(torch.bfloat16)

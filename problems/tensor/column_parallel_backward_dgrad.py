@@ -37,7 +37,7 @@ def make_inputs(shape, rank, world_size, generator, device):
     grad_output = torch.randn(tokens, n, generator=generator, device=device)
     # Without sequence parallelism the layer input is replicated: every TP rank sees the same x.
     shared = torch.Generator(device=device)
-    shared.manual_seed(generator.initial_seed() - rank)
+    shared.manual_seed(generator.initial_seed() - rank + (1 << 15))
     x = torch.randn(tokens, k, generator=shared, device=device) / math.sqrt(tokens)
     w = torch.randn(n, k, generator=generator, device=device) / math.sqrt(shape["out_features"])
     return grad_output.to(torch.bfloat16), x.to(torch.bfloat16), w.to(torch.bfloat16)

@@ -41,7 +41,7 @@ def make_inputs(shape, rank, world_size, generator, device):
     residual = torch.randn(t // world_size, h, generator=generator, device=device)
     # The norm weight is replicated: every rank draws it from the same shared seed.
     shared = torch.Generator(device=device)
-    shared.manual_seed(generator.initial_seed() - rank)
+    shared.manual_seed(generator.initial_seed() - rank + (1 << 15))
     weight = 1.0 + 0.25 * torch.randn(h, generator=shared, device=device)
     return x.to(torch.bfloat16), residual.to(torch.bfloat16), weight.to(torch.bfloat16)
 

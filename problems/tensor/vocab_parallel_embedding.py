@@ -34,7 +34,7 @@ PROBLEM = {
 def make_inputs(shape, rank, world_size, generator, device):
     # Token ids are the same global ids on every rank: drawn from the shared seed.
     shared = torch.Generator(device=device)
-    shared.manual_seed(generator.initial_seed() - rank)
+    shared.manual_seed(generator.initial_seed() - rank + (1 << 15))
     ids = torch.randint(0, shape["vocab"], (shape["tokens"],), generator=shared, device=device)
     weight = torch.randn(shape["vocab"] // world_size, shape["hidden"], generator=generator, device=device)
     return ids, weight.to(torch.bfloat16)

@@ -1,0 +1,82 @@
+"""`pkb report RUN [RUN ...] [--format md|html|json] [--out PATH] [--k K]`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from agent import report
+from agent.cli_common import CliError, console
+from harness.run_reader import Run, RunFormatError, read_run
+
+SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="metrics and report of one or more runs (several runs: side by side)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (runs/<run_id>)")
+    p.add_argument("--format", choices=("md", "html", "json"), default=None,
+                   help="output format (default: from --out's suffix, else md)")
+    p.add_argument("--out", default=None, help="write here instead of stdout (md: figures go to <stem>_figures/)")
+    p.add_argument("--k", type=int, default=None, help="k of pass@k and fast_p@k (default: samples per problem)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
+    p.set_defaults(handler=cmd_report)
+
+
+def load_runs(paths: list[str]) -> list[Run]:
+    runs = []
+    for path in paths:
+        try:
+            runs.append(read_run(Path(path)))
+        except RunFormatError as err:
+            raise CliError(str(err)) from None
+    return runs
+
+
+def output_format(fmt: str | None, out: str | None) -> str:
+    if fmt:
+        return fmt
+    if out:
+        return SUFFIX_FORMATS.get(Path(out).suffix.lower(), "md")
+    return "md"
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.k is not None and args.k < 1:
+        raise CliError(f"--k must be at least 1, got {args.k}")
+    if args.out and Path(args.out).is_dir():
+        raise CliError(f"--out {args.out} is a directory; give a file name")
+    runs = load_runs(args.runs)
+    try:
+        built = report.build(runs, k=args.k, seed=args.seed)
+    except report.ReportError as err:
+        raise CliError(str(err)) from None
+    fmt = output_format(args.format, args.out)
+    out = Path(args.out) if args.out else None
+    if fmt == "json":
+        text = report.to_json(built)
+    elif fmt == "html":
+        text = report.to_html(built)
+    else:
+        links: dict[str, str] = {}
+        if out is not None:  # markdown cannot carry images: they go next to it, linked relatively
+            folder = out.parent / f"{out.stem}_figures"
+            written = report.write_figures(built, folder)
+            links = {stem: f"{folder.name}/{path.name}" for stem, path in written.items()}
+        text = report.to_markdown(built, links)
+    if out is None:
+        print(text)
+        return 0
+    _write_atomic(out, text)
+    console.print(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))")
+    return 0
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,140 @@
+"""Model providers: parse a model string and build the LangChain chat model behind it.
+
+Model strings:
+
+    openai:MODEL      OpenAI, or any OpenAI-compatible server (vLLM, SGLang, Together, ...) with base_url
+    anthropic:MODEL   Anthropic (optionally through base_url)
+    scripted:NAME     a ScriptedChatModel for tests: a registered script name or a path to a .json script
+    replay:DIR        existing solution files; the runner reads them, no chat model is built
+
+API keys come from the environment only: OPENAI_API_KEY / ANTHROPIC_API_KEY, or the variable named by
+`api_key_env`. A missing key is a ProviderError that names the variable, with one exception: when a
+base_url is given and `api_key_env` is not, a placeholder key is sent, because local servers (vLLM,
+SGLang) accept any key; a server that does want one answers 401, and that error names the variable.
+
+The SDKs' own retries are off (max_retries=0): agent.retry.invoke_model is the only retry loop, so the
+two never stack. Temperature and the output-token limit are sent only when given, since some models
+reject non-default sampling parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+
+Provider = Literal["openai", "anthropic", "scripted", "replay"]
+PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic", "scripted", "replay")
+VALID_FORMS = "openai:MODEL, anthropic:MODEL, replay:DIR or scripted:NAME"
+DEFAULT_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+PLACEHOLDER_KEY = "EMPTY"  # what vLLM's and SGLang's docs pass when the server runs without --api-key
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class ProviderError(Exception):
+    """A model-provider failure the user must act on; its message is one line, fit for the CLI.
+
+    kind: "config" (bad model string, missing key, bad URL), "request" (the server refused the request:
+    400, 401, 404, ...), "rate_limit", "server" (5xx), "unreachable" (no connection), "timeout" (no
+    answer in time), "script" (a scripted model ran out). status is the HTTP status where there was one.
+    """
+
+    def __init__(self, message: str, *, kind: str = "config", status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    provider: Provider
+    name: str  # the model name, the script name, or the replay directory
+
+    @property
+    def text(self) -> str:
+        """The canonical model string; also the key of the price table."""
+        return f"{self.provider}:{self.name}"
+
+    @property
+    def is_chat_model(self) -> bool:
+        return self.provider != "replay"
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """Parse "provider:name". Only the first colon splits (model names may contain colons)."""
+    provider, sep, name = text.strip().partition(":")
+    provider, name = provider.strip().lower(), name.strip()
+    if not sep or provider not in PROVIDERS:
+        raise ProviderError(f"unknown model {text!r}: use {VALID_FORMS}")
+    if not name:
+        raise ProviderError(f"model {text!r} has nothing after '{provider}:': use {VALID_FORMS}")
+    return ModelSpec(provider, name)  # type: ignore[arg-type]  # provider checked against PROVIDERS
+
+
+def make_chat_model(
+    spec: ModelSpec | str,
+    *,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    temperature: float | None = None,
+    max_output_tokens: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> BaseChatModel:
+    """The chat model for `spec`, with SDK retries off. `env` defaults to os.environ (tests pass their own)."""
+    spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    env = os.environ if env is None else env
+    if spec.provider == "replay":
+        raise ProviderError(f"{spec.text} replays solution files; it has no chat model (the runner reads DIR)")
+    if spec.provider == "scripted":
+        from agent.scripted import scripted_model  # scripted imports this module
+
+        return scripted_model(spec.name)
+    if base_url is not None and not base_url.startswith(("http://", "https://")):
+        raise ProviderError(f"base URL must start with http:// or https://, got {base_url!r}")
+    key_env = api_key_env or DEFAULT_KEY_ENV[spec.provider]
+    api_key = _api_key(key_env, explicit=api_key_env is not None, base_url=base_url, env=env)
+    metadata = {"pkb_model": spec.text, "pkb_api_key_env": key_env, "pkb_base_url": base_url}
+    optional: dict[str, Any] = {}
+    if temperature is not None:
+        optional["temperature"] = temperature
+    if spec.provider == "openai":
+        from langchain_openai import ChatOpenAI
+
+        if max_output_tokens is not None:
+            optional["max_completion_tokens"] = max_output_tokens
+        return ChatOpenAI(
+            model=spec.name,
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=0,
+            use_responses_api=False,  # chat completions: the wire format every compatible server speaks
+            metadata=metadata,
+            **optional,
+        )
+    from langchain_anthropic import ChatAnthropic
+
+    if max_output_tokens is not None:
+        optional["max_tokens"] = max_output_tokens
+    return ChatAnthropic(
+        model=spec.name,
+        api_key=api_key,
+        base_url=base_url,
+        timeout=timeout,
+        max_retries=0,
+        metadata=metadata,
+        **optional,
+    )
+
+
+def _api_key(key_env: str, *, explicit: bool, base_url: str | None, env: Mapping[str, str]) -> str:
+    key = env.get(key_env, "").strip()
+    if key:
+        return key
+    if base_url is not None and not explicit:
+        return PLACEHOLDER_KEY
+    raise ProviderError(f"no API key: set the environment variable {key_env}")

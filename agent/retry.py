@@ -1,0 +1,167 @@
+"""One model call with bounded retries: rate limits (429), server errors (5xx) and lost connections only.
+
+Everything else the server says (400, 401, 403, 404, ...) is final at once. Every HTTP or connection
+failure leaves as a ProviderError with a one-line message; a server still unreachable after the last
+attempt is named as such. Other exceptions (a bug, a malformed response) propagate unchanged. The
+provider SDKs' own retries are off (see agent.providers), so this loop is the only one.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anthropic
+import openai
+import structlog
+from langchain_core.exceptions import ModelConnectionError, ModelTimeoutError
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from agent.providers import ProviderError
+
+STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
+CONNECTION_ERRORS = (
+    openai.APIConnectionError,
+    anthropic.APIConnectionError,
+    ModelConnectionError,
+    ModelTimeoutError,
+)
+TIMEOUT_ERRORS = (openai.APITimeoutError, anthropic.APITimeoutError, ModelTimeoutError)
+MAX_MESSAGE_CHARS = 300
+
+_log = structlog.get_logger("agent.retry")
+
+
+def invoke_model(
+    model: Runnable[Any, BaseMessage],
+    messages: Sequence[BaseMessage],
+    *,
+    attempts: int = 5,
+    initial_wait_s: float = 1.0,
+    max_wait_s: float = 60.0,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Any = None,
+) -> AIMessage:
+    """model.invoke(messages), retried up to `attempts` calls in all on 429, 5xx and connection errors.
+
+    Waits grow exponentially from initial_wait_s (plus up to initial_wait_s of jitter), capped at
+    max_wait_s; a Retry-After header from the server lengthens a wait, within the same cap. `sleep` is
+    injectable for tests; `log` is a structlog logger (the run's, with its context bound) or None.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    log = _log if log is None else log
+
+    def wait(state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        backoff = initial_wait_s * 2 ** (state.attempt_number - 1) + random.uniform(0, initial_wait_s)
+        return min(max(backoff, _retry_after(error)), max_wait_s)
+
+    def before_sleep(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "model_retry",
+            attempt=state.attempt_number,
+            attempts=attempts,
+            wait_s=round(state.upcoming_sleep, 3),
+            status=_status(error),
+            url=_url(error),
+            error=_one_line(error),
+        )
+
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait,
+        retry=retry_if_exception(is_retryable),
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    calls = 0
+
+    def call() -> BaseMessage:
+        nonlocal calls
+        calls += 1
+        return model.invoke(list(messages))
+
+    try:
+        reply = retrying(call)
+    except (*STATUS_ERRORS, *CONNECTION_ERRORS) as error:
+        raise to_provider_error(error, attempts=calls, model=model) from error
+    if not isinstance(reply, AIMessage):
+        raise ProviderError(f"the model returned a {type(reply).__name__}, not an AIMessage", kind="request")
+    return reply
+
+
+def is_retryable(error: BaseException) -> bool:
+    status = _status(error)
+    if status is not None:
+        return status == 429 or status >= 500
+    return isinstance(error, CONNECTION_ERRORS)
+
+
+def to_provider_error(error: BaseException, *, attempts: int, model: Any = None) -> ProviderError:
+    """The one-line ProviderError for an SDK error after `attempts` calls."""
+    status, url, detail = _status(error), _url(error), _one_line(error)
+    tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
+    base_url = _metadata(model).get("pkb_base_url")
+    server = f"base URL {base_url}" if base_url else (url or "the model server")
+    if status is None and isinstance(error, TIMEOUT_ERRORS):
+        return ProviderError(f"{server} did not answer within the timeout {tries}", kind="timeout")
+    if status is None:
+        return ProviderError(f"{server} is unreachable {tries} ({detail})", kind="unreachable")
+    where = f" from {url}" if url else ""
+    if status == 429:
+        return ProviderError(f"rate limited (HTTP 429){where} {tries}: {detail}", kind="rate_limit", status=status)
+    if status >= 500:
+        return ProviderError(f"server error (HTTP {status}){where} {tries}: {detail}", kind="server", status=status)
+    hint = ""
+    if status in (401, 403):
+        hint = f"; check the API key in {_metadata(model).get('pkb_api_key_env') or 'the key variable'}"
+    elif status == 404 and url and "/v1/" not in url:
+        hint = "; does the base URL need a /v1 suffix?"
+    return ProviderError(f"request refused (HTTP {status}){where}: {detail}{hint}", kind="request", status=status)
+
+
+def _status(error: BaseException | None) -> int | None:
+    return error.status_code if isinstance(error, STATUS_ERRORS) else None
+
+
+def _url(error: BaseException | None) -> str | None:
+    request = getattr(error, "request", None)
+    try:
+        return str(request.url) if request is not None else None
+    except RuntimeError:  # httpx raises when an exception carries no request
+        return None
+
+
+def _retry_after(error: BaseException | None) -> float:
+    headers = getattr(getattr(error, "response", None), "headers", None)  # httpx or httpx2, by SDK version
+    header = headers.get("retry-after") if headers is not None else None
+    try:
+        return max(float(header), 0.0) if header else 0.0
+    except ValueError:  # an HTTP date: rare enough to ignore
+        return 0.0
+
+
+def _one_line(error: BaseException | None) -> str:
+    """The server's own error message where the body has one (both wire formats), else the exception's."""
+    if error is None:
+        return ""
+    body = getattr(error, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    text = inner.get("message") if isinstance(inner, dict) else None
+    if not isinstance(text, str) or not text:
+        text = getattr(error, "message", None) or str(error) or type(error).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _metadata(model: Any) -> dict[str, Any]:
+    while model is not None and not isinstance(getattr(model, "metadata", None), dict):
+        model = getattr(model, "bound", None)  # bind_tools wraps the model in a RunnableBinding
+    return model.metadata if model is not None else {}

@@ -1,0 +1,153 @@
+"""A chat model that replays a script, for tests of the agent loop (and `--model scripted:NAME`).
+
+    model = ScriptedChatModel(script=script_from_steps([
+        ("tool", "check", {"code": "..."}),        # an AIMessage asking for one tool call
+        ("text", "done"),                          # an AIMessage with plain text
+    ]))
+    bound = model.bind_tools([check, bench])       # model.bound_tools records the schemas exposed
+    bound.invoke(messages)                         # the next scripted AIMessage, with usage_metadata
+
+Steps: ("text", content), ("tool", name, args), ("tools", [(name, args), ...]), or an AIMessage as is.
+In JSON (a list of steps, or {"steps": [...]}) the same steps are lists: ["tool", "check", {...}].
+`scripted:NAME` names a script registered with register_script, or a .json file holding one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field, PrivateAttr
+
+from agent.providers import ProviderError
+
+DEFAULT_USAGE = UsageMetadata(input_tokens=100, output_tokens=20, total_tokens=120)
+
+_SCRIPTS: dict[str, Callable[[], list[AIMessage]]] = {}
+
+
+class ScriptExhausted(ProviderError):
+    """The agent asked the scripted model for more replies than its script holds."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="script")
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Replays `script` in order, one AIMessage per call.
+
+    A scripted message without usage_metadata reports `usage` (None: none at all). Every call's input
+    messages and bound tool schemas are kept in `calls`; the last bind_tools in `bound_tools`.
+    """
+
+    script: list[AIMessage]
+    script_name: str = "scripted"
+    usage: UsageMetadata | None = Field(default_factory=lambda: dict(DEFAULT_USAGE))  # type: ignore[arg-type]
+    bound_tools: list[dict[str, Any]] = Field(default_factory=list)
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+    _position: int = PrivateAttr(default=0)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    @property
+    def remaining(self) -> int:
+        return len(self.script) - self._position
+
+    @property
+    def bound_tool_names(self) -> list[str]:
+        return [schema["function"]["name"] for schema in self.bound_tools]
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, AIMessage]:
+        self.bound_tools = [convert_to_openai_tool(tool) for tool in tools]
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        return self.bind(tools=self.bound_tools, **kwargs)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        self.calls.append({"messages": list(messages), "tools": kwargs.get("tools")})
+        if self._position >= len(self.script):
+            raise ScriptExhausted(
+                f"scripted model {self.script_name!r} ran out: call {self._position + 1} but the script has "
+                f"{len(self.script)} replies"
+            )
+        reply = self.script[self._position].model_copy(deep=True)
+        self._position += 1
+        if reply.usage_metadata is None and self.usage is not None:
+            reply.usage_metadata = UsageMetadata(**self.usage)  # type: ignore[typeddict-item]
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def script_from_steps(steps: Iterable[Any]) -> list[AIMessage]:
+    """AIMessages from simple steps (see the module docstring); tool-call ids are call_0, call_1, ..."""
+    script: list[AIMessage] = []
+    counter = 0
+
+    def call(name: Any, args: Any) -> dict[str, Any]:
+        nonlocal counter
+        if not isinstance(name, str) or not isinstance(args, dict):
+            raise ValueError(f"a tool step needs a name and an args object, got {name!r}, {args!r}")
+        counter += 1
+        return {"name": name, "args": args, "id": f"call_{counter - 1}", "type": "tool_call"}
+
+    for number, step in enumerate(steps):
+        if isinstance(step, AIMessage):
+            script.append(step)
+            continue
+        kind = step[0] if isinstance(step, (list, tuple)) and step else None
+        if kind == "text" and len(step) == 2 and isinstance(step[1], str):
+            script.append(AIMessage(content=step[1]))
+        elif kind == "tool" and len(step) == 3:
+            script.append(AIMessage(content="", tool_calls=[call(step[1], step[2])]))
+        elif kind == "tools" and len(step) == 2:
+            script.append(AIMessage(content="", tool_calls=[call(*pair) for pair in step[1]]))
+        else:
+            raise ValueError(
+                f"script step {number} is {step!r}; use ('text', content), ('tool', name, args) "
+                "or ('tools', [(name, args), ...])"
+            )
+    return script
+
+
+def register_script(name: str, steps: Iterable[Any]) -> None:
+    """Make `scripted:NAME` replay these steps (a fresh copy for every model built)."""
+    script = script_from_steps(steps)
+    _SCRIPTS[name] = lambda: [message.model_copy(deep=True) for message in script]
+
+
+def scripted_model(name: str) -> ScriptedChatModel:
+    """The model behind `scripted:NAME`: a registered script, or a .json script file."""
+    if name in _SCRIPTS:
+        return ScriptedChatModel(script=_SCRIPTS[name](), script_name=name)
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            steps = data["steps"] if isinstance(data, dict) else data
+            return ScriptedChatModel(script=script_from_steps(steps), script_name=name)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ProviderError(f"script {name} cannot be used: {err}") from None
+    known = ", ".join(sorted(_SCRIPTS)) or "none"
+    raise ProviderError(f"no script {name!r}: give a .json script file or a registered name (registered: {known})")
