@@ -78,7 +78,9 @@ def evaluate(
     shape: str = "small",
     config: EvalConfig | None = None,
     log_dir: Path | None = None,
+    gpus: list[int] | None = None,
 ) -> EvalResult:
+    """Run the whole protocol; `gpus` picks the physical GPUs (one per rank) on a multi-GPU node."""
     config = config or EvalConfig(timing=TimingConfig.for_device(device))
     candidate_path = Path(candidate_path).resolve()
     source = candidate_path.read_bytes()
@@ -113,7 +115,7 @@ def evaluate(
         return result(outcome.verdict)
 
     env = {"TORCH_EXTENSIONS_DIR": str(extensions_dir())}
-    pool = RankPool(world_size, device, start_timeout=limits.start_s, env=env, keep_logs=log_dir)
+    pool = RankPool(world_size, device, start_timeout=limits.start_s, env=env, keep_logs=log_dir, gpus=gpus)
     phase = "launch"
     started = time.perf_counter()
     try:

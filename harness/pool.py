@@ -70,12 +70,20 @@ class RankPool:
     """W worker processes joined in one process group. Use as a context manager."""
 
     def __init__(self, world_size: int, device: str = "cpu", *, start_timeout: float = 120.0,
-                 env: dict[str, str] | None = None, keep_logs: Path | None = None) -> None:
+                 env: dict[str, str] | None = None, keep_logs: Path | None = None,
+                 gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None) -> None:
+        """`gpus`: physical GPU indices, one per rank (default: 0..W-1), exported as CUDA_VISIBLE_DEVICES
+        so rank r sees its GPU as cuda:r and two pools on disjoint GPU sets never collide.
+        `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank."""
         self.world_size = world_size
         self.device = device
         self.start_timeout = start_timeout
         self.extra_env = env or {}
         self.keep_logs = keep_logs
+        if gpus is not None and len(gpus) != world_size:
+            raise ValueError(f"{world_size} ranks need {world_size} GPUs, got {gpus}")
+        self.gpus = gpus
+        self.rank_prefix = rank_prefix or {}
         self.ranks: list[_Rank] = []
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.start_seconds = 0.0
@@ -86,13 +94,16 @@ class RankPool:
         self.tmp = tempfile.TemporaryDirectory(prefix="pkb-pool-")
         init_file = Path(self.tmp.name) / "rendezvous"
         env = worker_env(self.device, self.extra_env)
+        if self.device == "cuda" and self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
         for rank in range(self.world_size):
             req_r, req_w = os.pipe()
             rep_r, rep_w = os.pipe()
             log = Path(self.tmp.name) / f"rank{rank}.log"
             with open(log, "wb") as log_file:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "harness.worker", "--rank", str(rank), "--world-size",
+                    [*self.rank_prefix.get(rank, []),
+                     sys.executable, "-m", "harness.worker", "--rank", str(rank), "--world-size",
                      str(self.world_size), "--device", self.device, "--init-file", str(init_file),
                      "--request-fd", str(req_r), "--reply-fd", str(rep_w)],
                     pass_fds=(req_r, rep_w),
