@@ -31,7 +31,9 @@ PROBLEM = {
 
 
 def make_inputs(shape, rank, world_size, generator, device):
-    x = torch.randn(shape["tokens"], shape["hidden"], generator=generator, device=device)
+    # Partial sums scaled so the total is O(1) at any W, like a row-parallel layer's partials; bf16
+    # rounding of the sum then stays well inside the tolerance at W = 8.
+    x = torch.randn(shape["tokens"], shape["hidden"], generator=generator, device=device) / world_size**0.5
     return (x.to(torch.bfloat16),)
 
 
