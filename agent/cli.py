@@ -16,6 +16,14 @@ from agent.cli_common import CliError
 COMMAND_MODULES = (cli_problems, cli_eval)
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that are the user's to fix (bad input, configuration): one line, exit 2."""
+    from agent.providers import ProviderError
+    from agent.usage import PriceTableError
+
+    return (CliError, ProviderError, PriceTableError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pkb",
@@ -32,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except CliError as err:
+    except user_errors() as err:
         print(f"pkb: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
