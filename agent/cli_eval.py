@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file, one_problem
+from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file
+from agent.cli_source import one_in, resolve_source
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
 from harness.results import EvalResult
@@ -18,7 +19,8 @@ from harness.results import EvalResult
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a candidate solution file on one problem")
-    p.add_argument("--problem", required=True, help="problem name")
+    p.add_argument("--problem", required=True, help="problem name (or PKB id with --source pkb:PATH)")
+    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
     p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    problem = one_problem(args.problem)
+    problem = one_in(resolve_source(args.source), args.problem)
     solution = existing_file(args.solution, "solution file")
     shape = args.shape or ("default" if args.device == "cuda" else "small")
     check_shape(problem, shape)

@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.syntax import Syntax
 from rich.table import Table
 
-from agent.cli_common import console, one_problem, selected, world_sizes
+from agent.cli_common import console, world_sizes
+from agent.cli_source import one_in, resolve_source, select_in
 from harness.validate import Validation, validate_problems
 
 
@@ -21,10 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = psub.add_parser("list", help="name, category, source and world sizes of each problem")
     p.add_argument("selection", nargs="*", help="names, globs (all_*), categories")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
     p.set_defaults(handler=cmd_list)
 
     p = psub.add_parser("show", help="a problem's spec, shapes and reference source")
     p.add_argument("name")
+    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
     p.set_defaults(handler=cmd_show)
 
     p = psub.add_parser("validate", help="distributed reference vs single-process oracle under gloo")
@@ -34,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="small")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
     p.set_defaults(handler=cmd_validate)
 
 
@@ -50,7 +54,7 @@ def _row(problem) -> dict:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    problems = selected(args.selection)
+    problems = select_in(resolve_source(args.source), args.selection)
     if args.json:
         print(json.dumps([_row(p) for p in problems], indent=2))
         return 0
@@ -65,7 +69,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    p = one_problem(args.name)
+    p = one_in(resolve_source(args.source), args.name)
     console.print(f"[bold]{p.name}[/bold]  ({p.category})")
     console.print(f"source: {p.source['codebase']} — {p.source['path']} :: {p.source['symbol']}")
     console.print(f"dtype: {str(p.dtype).replace('torch.', '')}   world sizes: {', '.join(map(str, p.world_sizes))}"
@@ -82,7 +86,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    problems = selected(args.selection)
+    problems = select_in(resolve_source(args.source), args.selection)
     sizes = world_sizes(args.world_size)
     jobs = sum(1 for w in sizes for p in problems if p.supports(w))
     results: list[Validation] = []

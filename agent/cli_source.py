@@ -7,6 +7,7 @@ plain number also selects by PKB's problem id, so `--problem 12` finds reference
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from agent.cli_common import CliError, suite
 from harness import pkb_compat
@@ -23,7 +24,7 @@ def resolve_source(text: str | None) -> list[Problem]:
     if not text.startswith(PKB_PREFIX) or not text[len(PKB_PREFIX):].strip():
         raise CliError(f"--source takes pkb:PATH (a ParallelKernelBench checkout), got {text!r}")
     try:
-        return pkb_compat.pkb_suite(text[len(PKB_PREFIX):].strip())
+        return pkb_compat.pkb_suite(Path(text[len(PKB_PREFIX):].strip()).expanduser())
     except pkb_compat.PkbError as err:
         raise CliError(str(err)) from None
 

@@ -14,6 +14,7 @@ import html
 import io
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,18 +92,15 @@ def default_k(runs: Sequence[Run]) -> int:
     return max(1, min(ks, default=1))
 
 
-def _interval(i: metrics.Interval) -> dict[str, Any]:
-    return i.as_dict()
+def headline_metrics(k: int) -> dict[str, metrics.Metric]:
+    """The per-problem metrics of the headline table, keyed as in HEADLINE_METRICS."""
+    return {"pass_at_1": metrics.pass_metric(1), "pass_at_k": metrics.pass_metric(k),
+            "fast_1_at_k": metrics.fast_metric(1.0, k), "fast_1_5_at_k": metrics.fast_metric(1.5, k)}
 
 
 def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
     scores, excluded = metrics.eligible(arm.scores, k)
-    stat = {
-        "pass_at_1": metrics.pass_metric(1),
-        "pass_at_k": metrics.pass_metric(k),
-        "fast_1_at_k": metrics.fast_metric(1.0, k),
-        "fast_1_5_at_k": metrics.fast_metric(1.5, k),
-    }
+    stat = headline_metrics(k)
     finished = metrics.finished(arm.records)
     usage = metrics.usage_totals(arm.records).get(arm.condition)
     speedups = [v for s in scores for v in s.speedups]
@@ -119,7 +117,7 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
         "excluded_problems": excluded,
         "samples": {"total": len(arm.records), "finished": len(finished),
                     "infra_error": sum(1 for r in finished if r.get("verdict") == "infra_error")},
-        **{key: _interval(metrics.mean_over_problems(scores, fn, seed=seed, resamples=resamples))
+        **{key: metrics.mean_over_problems(scores, fn, seed=seed, resamples=resamples).as_dict()
            for key, fn in stat.items()},
         "geomean_speedup": metrics.geomean_speedup(scores),
         "speedup": dist.as_dict() if dist else None,
@@ -128,7 +126,7 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
         "roofline_fractions": [v for s in scores for v in s.roofline_fractions],
         "failures": metrics.failure_counts(arm.records),
         "usage": (usage or metrics.Usage(0, 0, 0, 0.0, 0.0, 0.0)).as_dict(),
-        "per_category": {cat: {"pass_at_k": _interval(iv), "fast_1_at_k": _interval(fast_by_cat[cat])}
+        "per_category": {cat: {"pass_at_k": iv.as_dict(), "fast_1_at_k": fast_by_cat[cat].as_dict()}
                          for cat, iv in pass_by_cat.items()},
         "fast_p_curve": [[p, v] for p, v in metrics.fast_p_curve(scores, k)],
         "per_problem": [
@@ -136,17 +134,10 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
              "pass_at_1": s.pass_at(1), "pass_at_k": s.pass_at(k) if s.n >= k else None,
              "fast_1_at_k": s.fast_at(1.0, k) if s.n >= k else None,
              "best_speedup": max(s.speedups) if s.speedups else None,
-             "verdicts": dict(sorted(_count(s.verdicts).items()))}
+             "verdicts": dict(sorted(Counter(s.verdicts).items()))}
             for s in arm.scores
         ],
     }
-
-
-def _count(items: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
-    return out
 
 
 def _baseline(arms: Sequence[Arm]) -> Arm:
@@ -161,8 +152,7 @@ def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int) -> tupl
         return None, []
     base = _baseline(arms)
     base_scores, _ = metrics.eligible(base.scores, k)
-    stat = {"pass_at_1": metrics.pass_metric(1), "pass_at_k": metrics.pass_metric(k),
-            "fast_1_at_k": metrics.fast_metric(1.0, k), "fast_1_5_at_k": metrics.fast_metric(1.5, k)}
+    stat = headline_metrics(k)
     out = []
     for arm in arms:
         if arm is base:

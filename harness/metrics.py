@@ -57,12 +57,6 @@ def fast_p_at_k(n: int, f: int, k: int) -> float:
     return pass_at_k(n, f, k)
 
 
-def is_fast(record: SampleRecord, p: float) -> bool:
-    """Correct with a measured speedup above p (a correct sample that was not timed is never fast)."""
-    speedup = record.get("speedup")
-    return bool(record.get("correct")) and speedup is not None and float(speedup) > p
-
-
 # -- per problem ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProblemScore:
@@ -81,6 +75,7 @@ class ProblemScore:
         return pass_at_k(self.n, self.correct, k)
 
     def fast_count(self, p: float) -> int:
+        """Samples that are correct with a measured speedup above p (an untimed sample is never fast)."""
         return sum(1 for s in self.speedups if s > p)
 
     def fast_at(self, p: float, k: int) -> float:

@@ -316,6 +316,8 @@ def plan_inputs(first: tuple, second: tuple) -> InputPlan:
         u = other.get(path)
         if not isinstance(t, torch.Tensor) or not isinstance(u, torch.Tensor) or t.numel() < 2:
             continue
+        if t.layout != torch.strided or u.layout != torch.strided:
+            continue  # sparse and other layouts: passed through as PKB made them
         if not _same_bytes(t, u):
             continue  # PKB already draws this one per trial
         if not t.is_floating_point():

@@ -80,7 +80,13 @@ class Problem:
 
     @property
     def source_sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        """Hash of everything that defines the reference and its inputs (cache keys use it)."""
+        digest = hashlib.sha256(self.path.read_bytes())
+        if self.spec.startswith("pkb:"):  # PKB inputs come from the checkout's own generator
+            generator = Path(self.spec[4:].split("::", 1)[0]) / "utils" / "input_output_tensors.py"
+            if generator.exists():
+                digest.update(generator.read_bytes())
+        return digest.hexdigest()
 
     def shape(self, name: str) -> dict[str, Any]:
         if name not in self.shapes:
