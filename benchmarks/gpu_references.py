@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--shape", default="default")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     problems = [p for p in select(load_suite(), args.selection) if p.supports(args.world_size)]
@@ -37,7 +38,7 @@ def main() -> int:
     pool = None
     for p in problems:
         if pool is None:
-            pool = RankPool(args.world_size, "cuda").start()
+            pool = RankPool(args.world_size, args.device).start()
         row = {"problem": p.name, "category": p.category}
         started = time.perf_counter()
         try:
@@ -55,7 +56,7 @@ def main() -> int:
             rep = pool.request({"op": "time", "problem": p.loader_spec, "candidate": None, "shape": shape,
                                 "seed": 0, "trial_base": TIMING_TRIAL_BASE, "config": timing}, timeout=300)
             if all(r.get("ok") for r in rep):
-                stats = TimingStats.from_ranks(rep, "cuda_events")
+                stats = TimingStats.from_ranks(rep, "cuda_events" if args.device == "cuda" else "host")
                 row.update(median_us=stats.median_ms * 1e3, p10_us=stats.p10_ms * 1e3, p90_us=stats.p90_ms * 1e3,
                            cv=stats.cv, host_us=stats.host_median_ms * 1e3, input_sets=stats.input_sets,
                            set_mib=rep[0]["set_bytes"] / 2**20)
