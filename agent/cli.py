@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from agent import cli_eval, cli_problems, cli_report
+from agent import cli_eval, cli_problems, cli_report, cli_topology
 from agent.cli_common import CliError
 
-COMMAND_MODULES = (cli_problems, cli_eval, cli_report)
+COMMAND_MODULES = (cli_problems, cli_eval, cli_report, cli_topology)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -373,7 +373,8 @@ def _nvml_handle(pynvml: Any, gpu: Gpu) -> Any:
 
 
 def _merge_smi_links(gpus: list[Gpu], smi: list[SmiNvlinks], notes: list[str]) -> bool:
-    """Where NVML gave no links (or no speed), take them from `nvidia-smi nvlink -s`. True if any was used."""
+    """Links from `nvidia-smi nvlink -s` where NVML gave none; its per-link speed where NVML gave none or
+    another (a note says so). True if anything was taken from it."""
     by_uuid = {s.uuid: s for s in smi if s.uuid}
     by_index = {s.index: s for s in smi}
     used = False
@@ -387,13 +388,17 @@ def _merge_smi_links(gpus: list[Gpu], smi: list[SmiNvlinks], notes: list[str]) -
             used = used or bool(row.links)
             continue
         smi_speed = {link.link: link.gbytes_per_s for link in row.links}
+        disagree = []
         for link in gpu.nvlinks:
             other = smi_speed.get(link.link)
-            if link.active and link.gbytes_per_s is None and other:
-                link.gbytes_per_s, used = other, True
-            elif link.active and link.gbytes_per_s and other and abs(link.gbytes_per_s - other) > 0.05 * other:
-                notes.append(f"GPU {gpu.index} link {link.link}: NVML says {link.gbytes_per_s:.3f} GB/s, "
-                             f"nvidia-smi {other:.3f} GB/s; keeping NVML's")
+            if not (link.active and other) or link.gbytes_per_s == other:
+                continue
+            if link.gbytes_per_s is not None and abs(link.gbytes_per_s - other) > 0.01 * other:
+                disagree.append(f"{link.gbytes_per_s:.3f} vs {other:.3f}")
+            link.gbytes_per_s, used = other, True
+        if disagree:
+            notes.append(f"GPU {gpu.index}: NVML's common link speed and nvidia-smi's differ on {len(disagree)} "
+                         f"links (GB/s, e.g. {disagree[0]}); taking nvidia-smi's")
     return used
 
 

@@ -4,12 +4,15 @@ fallback rules and `pkb topology`. GPU tests (marked) run discovery and a short 
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from agent import cli, cli_topology
+from harness import topology
 from harness.config import TimingConfig
+from harness.fingerprint import hardware_key
 from harness.pool import SAFE_ENV
 from harness.topology import (
     AllReducePoint,
@@ -22,6 +25,7 @@ from harness.topology import (
     Profile,
     Topology,
     TopologyError,
+    all_reduce_curve,
     bus_bandwidth,
     cache_path,
     calibrate,
@@ -36,6 +40,7 @@ from harness.topology import (
     parse_topo_matrix,
     save,
 )
+from tests.conftest import live_children
 
 UUID0 = "GPU-3a1e4c52-8f7b-2d9a-6c05-b1e9f0d47a21"
 UUID1 = "GPU-c7d2915e-04ab-7f31-9e68-2b5fa0c3d819"
@@ -309,3 +314,145 @@ def test_short_calibration_on_gpus():
     assert all(p.busbw_bytes_per_s > 0 and p.p10_us <= p.median_us <= p.p90_us for p in cal.all_reduce)
     c = ceilings(Profile(topology=discover(), calibration=cal))
     assert c["link_source"] == c["hbm_source"] == c["matmul_source"] == "measured"
+
+
+# -- the GPU code paths, driven on CPU with stand-ins ------------------------------------------------
+
+
+def test_all_reduce_plumbing_on_cpu():
+    # The same worker, rendezvous, result files and max-over-ranks statistics as on the GPUs, under gloo.
+    points = all_reduce_curve(2, (4096, 64 * 1024), device="cpu", timeout_s=120,
+                              timing=TimingConfig(warmup=1, iters=4, host_iters=1))
+    assert [p.bytes for p in points] == [4096, 64 * 1024]
+    for p in points:
+        assert 0 < p.p10_us <= p.median_us <= p.p90_us
+        assert p.busbw_bytes_per_s == pytest.approx(bus_bandwidth(p.bytes, p.median_us / 1e6, 2))
+    assert live_children() == []
+
+
+def test_all_reduce_failure_is_reported_with_the_log(monkeypatch):
+    with pytest.raises(TopologyError, match=r"rank \d exited with code") as err:
+        all_reduce_curve(2, (-8,), device="cpu", timeout_s=120, timing=TimingConfig(warmup=1, iters=2, host_iters=1))
+    assert "Error" in str(err.value)  # the rank's traceback tail travels with the message
+    assert live_children() == []
+
+
+class FakeNvml:
+    """Enough of pynvml for discover(): two H200s, 18 active links each, speed from the common field."""
+
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, speed_mbps: int | None = 26562) -> None:
+        self.speed_mbps = speed_mbps
+        self.shut = False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.95.05"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 13000
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: bytes) -> str:
+        assert isinstance(uuid, bytes)
+        return uuid.decode()
+
+    def nvmlDeviceGetFieldValues(self, handle: str, fields: list[int]) -> list[SimpleNamespace]:
+        assert fields == [90]
+        ok = self.speed_mbps is not None
+        return [SimpleNamespace(nvmlReturn=0 if ok else 3, valueType=1, value=SimpleNamespace(uiVal=self.speed_mbps))]
+
+    def nvmlDeviceGetNvLinkState(self, handle: str, link: int) -> int:
+        if link >= 18:
+            raise self.NVMLError("Invalid Argument")
+        return 1
+
+    def nvmlDeviceGetNvLinkVersion(self, handle: str, link: int) -> int:
+        return 6
+
+
+def fake_gpu_machine(monkeypatch, nvml: FakeNvml | None, smi: dict[str, str | None]) -> None:
+    props = [SimpleNamespace(name="NVIDIA H200", uuid=u.removeprefix("GPU-"), total_memory=150_754_820_096,
+                             multi_processor_count=132, L2_cache_size=62_914_560, major=9, minor=0)
+             for u in (UUID0, UUID1)]
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.get_device_properties", lambda i: props[i])
+    monkeypatch.setattr("torch.cuda.can_device_access_peer", lambda i, j: True)
+    monkeypatch.setattr("torch.cuda.nccl.version", lambda: (2, 28, 3))
+    monkeypatch.setattr(topology, "_multicast_attribute", lambda i: True)
+    monkeypatch.setattr(topology, "_run", lambda argv: smi.get(" ".join(argv[1:3])))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for key, value in SAFE_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_discover_reads_nvml(monkeypatch):
+    nvml = FakeNvml()
+    fake_gpu_machine(monkeypatch, nvml, {"topo -m": TOPO_H200, "nvlink -s": NVLINK_H200})
+    topo = discover()
+    assert nvml.shut and topo.nvlink_source == "nvml" and topo.notes == []
+    assert (topo.gpu_count, topo.driver, topo.cuda_driver, topo.nccl) == (2, "580.95.05", "13.0", "2.28.3")
+    assert [g.uuid for g in topo.gpus] == [UUID0, UUID1]
+    assert all(g.active_links == 18 and g.nvlinks[0].version == 6 for g in topo.gpus)
+    assert topo.link_spec_bytes_per_s == pytest.approx(18 * 26.562e9)
+    assert topo.interconnect == [["X", "NV18"], ["NV18", "X"]] and topo.peer_access == [[True, True], [True, True]]
+    assert topo.multicast_supported and topo.multicast_disabled_by_policy
+
+
+def test_discover_takes_speeds_from_nvidia_smi_when_nvml_has_none(monkeypatch):
+    fake_gpu_machine(monkeypatch, FakeNvml(speed_mbps=None), {"topo -m": TOPO_H200, "nvlink -s": NVLINK_H200})
+    topo = discover()
+    assert topo.link_spec_bytes_per_s == pytest.approx(18 * 26.562e9)
+
+
+def test_discover_without_pynvml_uses_nvidia_smi(monkeypatch):
+    fake_gpu_machine(monkeypatch, None, {"topo -m": TOPO_H200, "nvlink -s": NVLINK_H200,
+                                         "--query-gpu=driver_version --format=csv,noheader": "580.95.05\n"})
+    monkeypatch.setattr(topology, "_run", lambda argv: {"topo": TOPO_H200, "nvlink": NVLINK_H200}.get(
+        argv[1], "580.95.05\n"))
+    topo = discover()
+    assert topo.nvlink_source == "nvidia-smi" and topo.driver == "580.95.05"
+    assert all(g.active_links == 18 for g in topo.gpus)
+    assert any("pynvml" in note for note in topo.notes)
+
+
+def test_discover_without_any_nvlink_says_so(monkeypatch):
+    fake_gpu_machine(monkeypatch, None, {})
+    monkeypatch.setattr(topology, "_run", lambda argv: TOPO_PCIE if argv[1] == "topo" else None)
+    topo = discover()
+    assert topo.nvlink_source == "none" and topo.link_spec_bytes_per_s is None
+    assert topo.interconnect == [["X", "PHB"], ["PHB", "X"]]
+    assert any("no NVLink" in note for note in topo.notes)
+
+
+def test_discover_prefers_nvidia_smi_speed_when_nvml_disagrees(monkeypatch):
+    fake_gpu_machine(monkeypatch, FakeNvml(speed_mbps=25000), {"topo -m": TOPO_H200, "nvlink -s": NVLINK_H200})
+    topo = discover()
+    assert topo.link_spec_bytes_per_s == pytest.approx(18 * 26.562e9)
+    assert any("taking nvidia-smi's" in note for note in topo.notes)
+
+
+def test_cli_shows_the_cached_calibration_of_this_environment(pkb, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cli_topology, "discover", h200_topology)
+    save(Profile(hardware_key=hardware_key(), topology=h200_topology(), calibration=h200_calibration()))
+    assert pkb(["topology"]) == 0
+    out = capsys.readouterr().out
+    assert "2 x NVIDIA H200" in out and "NV18 / P2P" in out and "disabled by policy" in out
+    assert "394.0 GB/s" in out and "478.1 GB/s" in out and "NCCL all-reduce" in out
+    save(Profile(hardware_key="elsewhere", topology=h200_topology(), calibration=h200_calibration()))
+    assert pkb(["topology", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["calibration"] is None and data["ceilings"]["link_source"] == "datasheet"
