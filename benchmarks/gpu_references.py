@@ -30,12 +30,14 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--shape", default="default")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per phase per problem")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     problems = [p for p in select(load_suite(), args.selection) if p.supports(args.world_size)]
     timing = TimingConfig(warmup=5, iters=30, host_iters=5).model_dump()
     rows = []
     pool = None
+    progress = (args.out / "references.jsonl").open("w")  # line by line: a timeout keeps what was done
     for p in problems:
         if pool is None:
             pool = RankPool(args.world_size, args.device).start()
@@ -43,7 +45,7 @@ def main() -> int:
         started = time.perf_counter()
         try:
             val = pool.request({"op": "validate", "problem": p.loader_spec, "shape": "small", "seed": 7,
-                                "trials": 2}, timeout=120)
+                                "trials": 2}, timeout=args.timeout)
             row["valid_small"] = all(r.get("ok") for r in val)
             if not row["valid_small"]:
                 row["message"] = next(r.get("message", "") for r in val if not r.get("ok"))[:300]
@@ -51,10 +53,13 @@ def main() -> int:
                 pool = None
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                progress.write(json.dumps(row) + "\n")
+                progress.flush()
                 continue
             shape = args.shape if args.shape in p.shapes else "default"
             rep = pool.request({"op": "time", "problem": p.loader_spec, "candidate": None, "shape": shape,
-                                "seed": 0, "trial_base": TIMING_TRIAL_BASE, "config": timing}, timeout=300)
+                                "seed": 0, "trial_base": TIMING_TRIAL_BASE, "config": timing},
+                               timeout=2 * args.timeout)
             if all(r.get("ok") for r in rep):
                 stats = TimingStats.from_ranks(rep, "cuda_events" if args.device == "cuda" else "host")
                 row.update(median_us=stats.median_ms * 1e3, p10_us=stats.p10_ms * 1e3, p90_us=stats.p90_ms * 1e3,
@@ -71,6 +76,8 @@ def main() -> int:
         row["seconds"] = time.perf_counter() - started
         rows.append(row)
         print(json.dumps(row), flush=True)
+        progress.write(json.dumps(row) + "\n")
+        progress.flush()
     if pool is not None:
         pool.close()
     (args.out / "references.json").write_text(json.dumps(rows, indent=1))
