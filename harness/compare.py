@@ -2,6 +2,9 @@
 
 A mismatch is described, not just detected: which output, what kind (structure, shape, dtype, values,
 NaN), the largest absolute and relative error and where it sits. NaN never passes.
+
+`count_mismatches` is the same rule without the description and without a host synchronization: the
+timing loop uses it to verify every timed call's output on the device, outside the timed window.
 """
 
 from __future__ import annotations
@@ -158,3 +161,59 @@ def same_values(a: Any, b: Any) -> bool:
         elif x != y:
             return False
     return True
+
+
+def structure_issue(expected: Any, got: Any) -> str | None:
+    """Why `got` cannot be compared element-wise with `expected` (structure, type, shape, dtype,
+    non-tensor values), or None. Host-only: reads metadata, never tensor contents."""
+    exp_items, got_items = flatten(expected), flatten(got)
+    if len(exp_items) != len(got_items):
+        return f"expected {len(exp_items)} output(s), got {len(got_items)}"
+    for (where, e), (_, g) in zip(exp_items, got_items):
+        if isinstance(e, torch.Tensor):
+            if type(g) is not torch.Tensor:  # noqa: E721 - subclasses (lazy tensors) are not plain outputs
+                return f"{where}: expected a plain tensor, got {type(g).__name__}"
+            if tuple(g.shape) != tuple(e.shape):
+                return f"{where}: shape {tuple(g.shape)} but expected {tuple(e.shape)}"
+            if g.dtype != e.dtype:
+                return f"{where}: dtype {g.dtype} but expected {e.dtype}"
+        elif isinstance(g, torch.Tensor) or e != g:
+            return f"{where}: got {g!r}, expected {e!r}"
+    return None
+
+
+def count_mismatches(expected: Any, got: Any, atol: float, rtol: float) -> torch.Tensor:
+    """Number of elements of `got` outside tolerance, as a 0-dim int64 tensor on the outputs' device.
+
+    The rule of compare_tensors (NaN never passes, an infinity must match an infinity of the same
+    sign, integers compare exactly), queued on the current stream without synchronizing. Call
+    structure_issue first: this assumes matching structure, shapes and dtypes.
+    """
+    total: torch.Tensor | None = None
+    for (_, e), (_, g) in zip(flatten(expected), flatten(got)):
+        if not isinstance(e, torch.Tensor) or e.numel() == 0:
+            continue
+        g = g.detach().to(e.device)
+        if not (e.is_floating_point() or e.is_complex()):
+            bad = (g != e).sum()
+        else:
+            wide = torch.complex128 if e.is_complex() else torch.float64
+            gd, ed = g.to(wide), e.detach().to(wide)
+            diff = (gd - ed).abs()
+            if e.is_complex():
+                nan = torch.isnan(gd.real) | torch.isnan(gd.imag) | torch.isnan(ed.real) | torch.isnan(ed.imag)
+                inf = torch.isinf(gd.abs()) ^ torch.isinf(ed.abs())
+                diff = diff.real
+            else:
+                nan = torch.isnan(gd) | torch.isnan(ed)
+                inf = torch.isinf(gd) ^ torch.isinf(ed)
+            limit = atol + rtol * ed.abs()
+            if e.is_complex():
+                limit = limit.real
+            # Two infinities of the same sign match (their diff is NaN, as in compare_tensors); of
+            # opposite signs, or an infinity against a finite value, the diff is infinite.
+            bad = (nan | inf | torch.isinf(diff) | (diff > limit)).sum()
+        total = bad if total is None else total + bad
+    if total is None:
+        return torch.zeros((), dtype=torch.int64)
+    return total
