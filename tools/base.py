@@ -1,0 +1,218 @@
+"""What every model-facing tool shares: the sample's context, the outcome record, candidate files, dispatch.
+
+A tool takes the model's candidate source (or nothing), saves it as the sample's next candidate file,
+runs the harness (which starts its own killable processes), and returns a ToolOutcome: a short text for
+the model, bounded by `answer_tokens` (tools/render.py), and structured data for the transcript and the
+candidate's .json file. GPU seconds are the wall time of the harness work on device "cuda" times the
+number of ranks (zero on CPU), so budgets charge what the GPUs were held for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import os
+import re
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness.config import EvalConfig
+from harness.problem import Problem
+from tools import render
+
+TOOL_NAMES = ("compile", "check", "bench", "profile", "roofline", "submit", "guide")
+CODE_TOOLS = ("compile", "check", "bench", "profile", "submit")  # `source` is required
+CANDIDATES_DIR = "candidates"
+FINAL_FILE = "final.py"
+_CANDIDATE = re.compile(r"^(\d{3,})\.py$")
+
+
+class ToolInputError(ValueError):
+    """The model called a tool with unusable arguments; the message goes back to the model."""
+
+
+@dataclass
+class ToolContext:
+    """One sample's fixed facts (problem, shape, W, device, evaluation settings) and its folder."""
+
+    problem: Problem
+    world_size: int
+    device: str  # "cpu" | "cuda"
+    shape: str
+    config: EvalConfig
+    workdir: Path  # the sample folder: candidates/NNN.py (+ .json), final.py
+    gpus: list[int] | None = None
+    answer_tokens: int = 600
+    counter: int = 0  # the next candidate number (never reuses a number already on disk)
+
+    @property
+    def candidates_dir(self) -> Path:
+        return Path(self.workdir) / CANDIDATES_DIR
+
+    def next_candidate_path(self) -> Path:
+        """candidates/NNN.py with NNN one more than every candidate so far, on disk or in this context.
+
+        Looking at the disk keeps numbering increasing when a sample resumes with a fresh context."""
+        folder = self.candidates_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        on_disk = [int(m.group(1)) for p in folder.iterdir() if (m := _CANDIDATE.match(p.name))]
+        n = max([self.counter, *(i + 1 for i in on_disk)])
+        self.counter = n + 1
+        return folder / f"{n:03d}.py"
+
+    def gpu_seconds(self, wall_s: float) -> float:
+        return wall_s * self.world_size if self.device == "cuda" else 0.0
+
+
+@dataclass
+class ToolOutcome:
+    name: str
+    text: str  # what the model sees, within ctx.answer_tokens
+    data: dict[str, Any] = field(default_factory=dict)  # structured: verdict, EvalResult dump, stages, ...
+    gpu_seconds: float = 0.0
+    candidate: Path | None = None
+    ends_sample: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """A JSON-ready view (for the transcript, the candidate's .json and LangChain artifacts)."""
+        return {"tool": self.name, "text": self.text, "data": self.data, "gpu_seconds": self.gpu_seconds,
+                "candidate": str(self.candidate) if self.candidate else None, "ends_sample": self.ends_sample}
+
+
+# -- helpers the tools share ---------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^\n]*\n(.*?)\n\s*\1\s*$", re.DOTALL)
+
+
+def source_arg(args: dict[str, Any], required: bool = True) -> str | None:
+    """The candidate source from a tool call. A whole-file markdown fence around it is removed (models do
+    that); anything else is taken as is."""
+    source = args.get("source")
+    if source is None or (isinstance(source, str) and not source.strip()):
+        if required:
+            raise ToolInputError("this tool needs `source`: the complete candidate file (Python, defining "
+                                 "solution(...)), not a diff or a description")
+        return None
+    if not isinstance(source, str):
+        raise ToolInputError(f"`source` must be a string holding the whole file, got {type(source).__name__}")
+    fenced = _FENCE.match(source.strip("\n"))
+    if fenced:
+        source = fenced.group(2)
+    return source if source.endswith("\n") else source + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def save_candidate(ctx: ToolContext, source: str) -> Path:
+    path = ctx.next_candidate_path()
+    write_atomic(path, source)
+    return path
+
+
+def save_record(outcome: ToolOutcome, ctx: ToolContext) -> None:
+    """candidates/NNN.json beside the candidate: the tool's structured result for it."""
+    if outcome.candidate is None:
+        return
+    source = outcome.candidate.read_bytes()
+    record = {"tool": outcome.name, "candidate": f"{CANDIDATES_DIR}/{outcome.candidate.name}",
+              "sha256": hashlib.sha256(source).hexdigest(),
+              "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "problem": ctx.problem.name, "shape": ctx.shape, "world_size": ctx.world_size, "device": ctx.device,
+              "gpu_seconds": outcome.gpu_seconds, "ends_sample": outcome.ends_sample, "text": outcome.text,
+              "data": outcome.data}
+    write_atomic(outcome.candidate.with_suffix(".json"), json.dumps(record, indent=1, default=str))
+
+
+@contextmanager
+def stopwatch() -> Iterator[dict[str, float]]:
+    box = {"seconds": 0.0}
+    started = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box["seconds"] = time.perf_counter() - started
+
+
+def as_data(value: Any) -> Any:
+    """A JSON-ready form of a harness result: pydantic models dumped, dataclasses as dicts, else repr."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json.loads(json.dumps(dataclasses.asdict(value), default=str))
+    if isinstance(value, (dict, list, str, int, float, bool)) or value is None:
+        return json.loads(json.dumps(value, default=str))
+    return {"repr": repr(value)[:4000]}
+
+
+def optional_kwargs(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
+    """The keyword arguments among `candidates` that `fn` accepts (and that are set): optional harness
+    parameters such as the GPU list, passed only to functions that take them."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return {k: v for k, v in candidates.items() if v is not None and (takes_any or k in params)}
+
+
+def bounded(ctx: ToolContext, blocks: list[render.Block | str]) -> str:
+    return render.fit(blocks, ctx.answer_tokens)
+
+
+# -- dispatch -----------------------------------------------------------------------------------------
+
+# A tool's body: (the call's arguments, the context, the saved candidate or None) -> outcome.
+ToolFn = Callable[[dict[str, Any], ToolContext, "Path | None"], ToolOutcome]
+SOURCE_TOOLS = (*CODE_TOOLS, "roofline")  # roofline takes `source` optionally
+
+
+def _registry() -> dict[str, ToolFn]:
+    # Imported here: each tool module imports this one for the shared types.
+    from tools import bench, check, compile, guide, profile, roofline, submit
+
+    return {"compile": compile.run, "check": check.run, "bench": bench.run, "profile": profile.run,
+            "roofline": roofline.run, "submit": submit.run, "guide": guide.run}
+
+
+def run_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
+    """Run one tool call: save the candidate (if the call carries one), run the tool, record the result.
+
+    Bad arguments and harness failures come back as an outcome the model can read, with the details in
+    `data`; they never raise into the agent loop.
+    """
+    tools = _registry()
+    if name not in tools:
+        text = f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}"
+        return ToolOutcome(name, render.truncate(text, ctx.answer_tokens), {"tool": name, "error": "unknown_tool"})
+    args = dict(args or {})
+    try:
+        source = source_arg(args, required=name in CODE_TOOLS) if name in SOURCE_TOOLS else None
+    except ToolInputError as err:
+        return ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
+                           {"tool": name, "error": "bad_arguments", "message": str(err)})
+    candidate = save_candidate(ctx, source) if source is not None else None
+    try:
+        outcome = tools[name](args, ctx, candidate)
+    except ToolInputError as err:
+        outcome = ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
+                              {"tool": name, "error": "bad_arguments", "message": str(err)}, candidate=candidate)
+    except Exception as exc:  # the harness's own failure: reported as such, never charged to the model
+        text = (f"{name}: the tool itself failed ({type(exc).__name__}: {exc}). This is an infrastructure "
+                "error, not a verdict on your code; you may call the tool again.")
+        outcome = ToolOutcome(name, render.truncate(text, ctx.answer_tokens),
+                              {"tool": name, "verdict": "infra_error", "error": f"{type(exc).__name__}: {exc}",
+                               "traceback": traceback.format_exc()[-4000:]}, candidate=candidate)
+    save_record(outcome, ctx)
+    return outcome

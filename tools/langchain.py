@@ -1,0 +1,58 @@
+"""The tools as LangChain tool objects, for `model.bind_tools(...)` and LangGraph's ToolNode.
+
+Each tool is a StructuredTool with a pydantic argument schema ({"source": str} for the code tools, an
+optional source for roofline, an optional topic for guide) and the description from prompts/tools.md.
+It answers with the bounded text as the ToolMessage content and the outcome's JSON record as its artifact
+(kept in the transcript and checkpoints); `on_outcome` also receives every ToolOutcome, for budgets
+(GPU seconds) and for ending the sample on submit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.tools import BaseTool, StructuredTool
+from pydantic import BaseModel, Field, create_model
+
+import prompts
+from tools.base import CODE_TOOLS, TOOL_NAMES, ToolContext, ToolOutcome, run_tool
+
+
+def args_schema(name: str) -> type[BaseModel]:
+    """The pydantic model of one tool's arguments, with descriptions from prompts/tools.md."""
+    described = prompts.arg_descriptions()
+    model = f"{name.capitalize()}Args"
+    if name in CODE_TOOLS:
+        return create_model(model, source=(str, Field(description=described["source"])))
+    if name == "roofline":
+        return create_model(model, source=(str | None, Field(None, description=described["source_optional"])))
+    if name == "guide":
+        return create_model(model, topic=(str | None, Field(None, description=described["topic"])))
+    raise ValueError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+
+
+def make_tool(name: str, ctx: ToolContext, on_outcome: Callable[[ToolOutcome], None] | None = None) -> BaseTool:
+    descriptions = prompts.tool_descriptions()
+    if name not in TOOL_NAMES or name not in descriptions:
+        raise ValueError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+
+    def call(**kwargs: Any) -> tuple[str, dict[str, Any]]:
+        outcome = run_tool(name, kwargs, ctx)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        return outcome.text, outcome.record()
+
+    return StructuredTool.from_function(
+        func=call, name=name, description=descriptions[name], args_schema=args_schema(name),
+        response_format="content_and_artifact",
+    )
+
+
+def make_tools(names: Sequence[str], ctx: ToolContext,
+               on_outcome: Callable[[ToolOutcome], None] | None = None) -> list[BaseTool]:
+    """One LangChain tool per name, in the order given; an unknown name raises ValueError."""
+    unknown = [n for n in names if n not in TOOL_NAMES]
+    if unknown:
+        raise ValueError(f"unknown tool(s) {', '.join(map(repr, unknown))}; the tools are: {', '.join(TOOL_NAMES)}")
+    return [make_tool(name, ctx, on_outcome) for name in names]

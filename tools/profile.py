@@ -1,0 +1,59 @@
+"""`profile`: where the candidate's time goes, per rank (harness.profiling).
+
+harness.profiling is imported when the tool runs: a build without it answers that profiling is
+unavailable (true, and costs nothing) instead of failing the agent loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
+from tools.render import Block
+
+
+def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
+    assert candidate is not None  # run_tool requires `source` for profile
+    try:
+        profiling = importlib.import_module("harness.profiling")
+    except ImportError as err:
+        text = ("profile: profiling is unavailable in this build (the harness has no profiler module). "
+                "Use check and bench instead.")
+        return ToolOutcome("profile", bounded(ctx, [text]),
+                           {"tool": "profile", "available": False, "error": f"{type(err).__name__}: {err}"},
+                           candidate=candidate)
+    extra = optional_kwargs(profiling.profile, gpus=ctx.gpus, seed=ctx.config.seed)
+    refused = getattr(profiling, "ProfileError", None)  # the candidate could not run: a verdict, not a crash
+    with stopwatch() as clock:
+        try:
+            result = profiling.profile(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device,
+                                       shape=ctx.shape, **extra)
+        except Exception as err:
+            if refused is None or not isinstance(err, refused):
+                raise
+            failed = err
+        else:
+            failed = None
+    gpu_s = ctx.gpu_seconds(clock["seconds"])
+    if failed is not None:
+        return _failure(failed, ctx, candidate, gpu_s)
+    # The profiler's own text names problem, shape and W; it is bounded again here, whatever it returns.
+    text = str(profiling.render_text(result, ctx.answer_tokens))
+    data = {"tool": "profile", "available": True, "wall_s": round(clock["seconds"], 4), "result": as_data(result)}
+    return ToolOutcome("profile", bounded(ctx, [Block(text)]), data, gpu_s, candidate)
+
+
+def _failure(err: Exception, ctx: ToolContext, candidate: Path, gpu_s: float) -> ToolOutcome:
+    """The profiler could not run the candidate: its verdict (compile_error, runtime_error, deadlock, ...),
+    or an infrastructure error, which is said to be one."""
+    verdict = str(getattr(err, "verdict", "infra_error"))
+    evidence = str(getattr(err, "evidence", "") or "").strip()
+    if verdict == "infra_error":
+        head = f"profile: the profiler itself failed ({err}); this is not a verdict on your code."
+    else:
+        head = f"profile: the candidate could not be profiled: {verdict}: {err}. `check` gives the full verdict."
+    blocks = [Block(head)] + ([Block(evidence, "tail", title="evidence:")] if evidence else [])
+    data = {"tool": "profile", "available": True, "verdict": verdict, "error": str(err), "evidence": evidence}
+    return ToolOutcome("profile", bounded(ctx, blocks), data, gpu_s, candidate)

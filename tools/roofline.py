@@ -1,0 +1,52 @@
+"""`roofline`: the hardware lower bound for the problem here, and with `source`, how close a candidate gets.
+
+Without code it costs no candidate run: harness.roofline traces the reference and divides bytes and FLOPs
+by the machine's ceilings. With code the candidate is benchmarked first (the full protocol, as `bench`)
+and its timings go to harness.roofline, which reports the fraction of the bound it reaches. The module is
+imported when the tool runs; a build without it says roofline is unavailable, before any GPU work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
+from tools.bench import timing_blocks
+from tools.check import result_data, run_evaluation, verdict_blocks
+from tools.render import Block, count_tokens
+
+
+def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
+    try:
+        roofline = importlib.import_module("harness.roofline")
+    except ImportError as err:
+        text = ("roofline: the roofline is unavailable in this build (the harness has no roofline module). "
+                "Use bench for timings.")
+        return ToolOutcome("roofline", bounded(ctx, [text]),
+                           {"tool": "roofline", "available": False, "error": f"{type(err).__name__}: {err}"},
+                           candidate=candidate)
+    verdict: list[Block] = []
+    timing: list[Block] = []
+    data: dict[str, Any] = {"tool": "roofline", "available": True}
+    gpu_s = 0.0
+    measured = None
+    if candidate is not None:
+        result, gpu_s = run_evaluation(ctx, candidate, timing=True)
+        data["candidate"] = result_data("roofline", result)
+        verdict = verdict_blocks(result, ctx, "roofline")[:1]
+        timing = timing_blocks(result, ctx)
+        measured = result if result.timings is not None else None  # only a timed (correct) run has a fraction
+    extra = optional_kwargs(roofline.roofline, gpus=ctx.gpus, seed=ctx.config.seed)
+    with stopwatch() as clock:
+        bound = roofline.roofline(ctx.problem, ctx.shape, ctx.world_size, ctx.device, candidate_result=measured,
+                                  **extra)
+    gpu_s += ctx.gpu_seconds(clock["seconds"])
+    others = verdict + timing
+    used = count_tokens("\n".join(b.text for b in others)) + len(others) if others else 0
+    room = max(1, ctx.answer_tokens - used)
+    blocks = verdict + [Block(str(roofline.render_text(bound, room)))] + timing
+    data["roofline"] = as_data(bound)
+    data["wall_s"] = round(clock["seconds"], 4)
+    return ToolOutcome("roofline", bounded(ctx, blocks), data, gpu_s, candidate)
