@@ -56,3 +56,14 @@ def oracle(shape, world_size, inputs_by_rank):
     counts = inputs_by_rank[0][1].tolist()
     full = torch.cat([inputs_by_rank[r][0][: counts[r]] for r in range(world_size)], dim=0)
     return [full.clone() for _ in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """All-gather-v sent directly: each rank sends its valid rows to every peer and receives every peer's.
+    counts[r] is uniform on 0..max_tokens, so a rank holds max_tokens / 2 valid rows on average (this is the
+    expectation over the metadata). The reference's per-source broadcasts model more than that; HBM: the
+    valid rows read once and the whole output written once."""
+    row = shape["hidden"] * 2  # bf16
+    rows = shape["max_tokens"] / 2
+    moved = (world_size - 1) * rows * row
+    return {"send_bytes": moved, "recv_bytes": moved, "hbm_bytes": (1 + world_size) * rows * row}

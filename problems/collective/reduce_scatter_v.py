@@ -57,3 +57,11 @@ def oracle(shape, world_size, inputs_by_rank):
     total = sum(inputs[0].double() for inputs in inputs_by_rank)
     starts = [sum(sizes[:r]) for r in range(world_size)]
     return [total[starts[r]:starts[r] + sizes[r]].to(torch.bfloat16) for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Reduce-scatter-v sent directly: each rank sends every other rank its partial of that rank's block
+    and receives the W-1 partials of its own. The W-1 cuts are uniform, so a block holds tokens / W rows on
+    average (the expectation over the metadata); the reference's per-block reduces model more."""
+    moved = (world_size - 1) * shape["tokens"] * shape["hidden"] * 2 / world_size  # bf16
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -100,3 +100,12 @@ def oracle(shape, world_size, inputs_by_rank):
     scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v).to(torch.bfloat16)
     return [out[:, pos[r]].clone() for r in range(w)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of causal attention alone: chunk p of c tokens attends to the p earlier chunks whole and to
+    itself causally, c(c+1)/2 pairs; this rank holds chunks r and 2W-1-r, 4 * head_dim FLOPs per pair and
+    head. The reference's dense products also count the masked upper half of each diagonal block."""
+    c = shape["seq"] // world_size // 2
+    pairs = (2 * world_size - 1) * c * c + c * (c + 1)
+    return {"flops": 4 * shape["batch"] * shape["heads"] * shape["head_dim"] * pairs}

@@ -95,3 +95,14 @@ def oracle(shape, world_size, inputs_by_rank):
         out[i] = torch.einsum("hn,nhd->hd", p, vi)
     out = out.to(torch.bfloat16)
     return [out[:, r * h // w:(r + 1) * h // w].clone() for r in range(w)]
+
+
+def traffic(shape, world_size):
+    """Only the valid cache rows need reading and attending to: context lengths are uniform on
+    max_context/2..max_context, so on average 3/4 of the cache. HBM: the queries, the valid K and V rows,
+    the output; FLOPs: QK^T and PV over the valid rows for every head."""
+    b, h, hkv, d = shape["batch"], shape["heads"], shape["kv_heads"], shape["head_dim"]
+    lmax = shape["max_context"]
+    valid = (lmax // 2 + lmax) / 2 / world_size  # rows of this rank's cache, on average
+    hbm = 2 * b * h // world_size * d * 2 + 2 * b * valid * hkv * d * 2 + b * 4
+    return {"hbm_bytes": hbm, "flops": 4 * b * h * d * valid}

@@ -124,3 +124,31 @@ def oracle(shape, world_size, inputs_by_rank):
     n = t // world_size
     return [(out[r * n:(r + 1) * n].to(torch.bfloat16), lse[:, r * n:(r + 1) * n].float())
             for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Causal attention within documents: rank r's queries need K and V only from the start of the
+    document holding its first token up to its own tokens, not every rank's, and each query attends to
+    the earlier tokens of its document only. Pairs and K/V rows averaged over 8 draws of document cuts
+    distributed like make_inputs'; 4 * head_dim FLOPs per pair and query head."""
+    total, n = shape["tokens"], shape["tokens"] // world_size
+    gen = torch.Generator().manual_seed(0)
+    draws = 8
+    pairs, needed, given = [0.0] * world_size, [0.0] * world_size, [0.0] * world_size
+    for _ in range(draws):
+        cuts = torch.randperm(total - 1, generator=gen)[: shape["docs"] - 1] + 1
+        bounds = [0, *sorted(cuts.tolist()), total]
+        for rank in range(world_size):
+            lo, hi = rank * n, (rank + 1) * n
+            for a, b in zip(bounds, bounds[1:]):
+                s, e = max(a, lo), min(b, hi)
+                if s < e:  # queries s..e-1 of the document starting at a see a..g
+                    pairs[rank] += (s - a + 1 + e - a) * (e - s) / 2 / draws
+            start = max(a for a in bounds if a <= lo)
+            needed[rank] += (lo - start) / draws
+            for src in range(rank):
+                given[src] += max(0, min(lo, (src + 1) * n) - max(start, src * n)) / draws
+    kv = 2 * shape["kv_heads"] * shape["head_dim"] * 2  # K and V rows, bf16
+    per_pair = 4 * shape["heads"] * shape["head_dim"]
+    return [{"send_bytes": given[r] * kv, "recv_bytes": needed[r] * kv, "flops": pairs[r] * per_pair}
+            for r in range(world_size)]

@@ -138,3 +138,12 @@ def oracle(shape, world_size, inputs_by_rank):
     n = s // world_size
     return [tuple(g[:, r * n:(r + 1) * n].to(torch.bfloat16) for g in (dq, dk, dv))
             for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of the causal backward alone: rank r's n queries see the r earlier blocks whole and their
+    own block causally, n(n+1)/2 pairs; five products of 2 * head_dim FLOPs per pair and head (S, dP, dQ,
+    dK, dV). The reference's diagonal block is computed dense and masked."""
+    n = shape["seq"] // world_size
+    per_pair = 10 * shape["batch"] * shape["heads"] * shape["head_dim"]
+    return [{"flops": per_pair * (rank * n * n + n * (n + 1) // 2)} for rank in range(world_size)]

@@ -104,3 +104,13 @@ def oracle(shape, world_size, inputs_by_rank):
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
     return [(out[:, r::w].to(torch.bfloat16), lse[:, :, r::w].float()) for r in range(w)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of causal attention alone: rank r holds positions i*W + r. Its query i sees i + 1 keys of
+    every rank j <= r and i keys of every rank j > r, 4 * head_dim FLOPs per pair and head. The
+    reference's blocks are computed dense and masked, about twice that."""
+    n = shape["seq"] // world_size
+    per_pair = 4 * shape["batch"] * shape["heads"] * shape["head_dim"]
+    return [{"flops": per_pair * ((rank + 1) * n * (n + 1) // 2 + (world_size - 1 - rank) * n * (n - 1) // 2)}
+            for rank in range(world_size)]

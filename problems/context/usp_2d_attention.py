@@ -168,3 +168,15 @@ def oracle(shape, world_size, inputs_by_rank):
     scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v).to(torch.bfloat16)
     return [out[:, pos[r]].clone() for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of causal attention alone: after the Ulysses exchange a rank holds heads/u heads of zigzag
+    chunks p and 2R-1-p (R = W/u ring ranks, c = seq/(2R) tokens each); chunk q attends to the q earlier
+    chunks whole and to itself causally. 4 * head_dim FLOPs per pair and head. The reference's first ring
+    step counts its whole local block, masked pairs included."""
+    u = shape["ulysses_degree"]
+    ring = world_size // u
+    c = shape["seq"] // (2 * ring)
+    pairs = (2 * ring - 1) * c * c + c * (c + 1)
+    return {"flops": 4 * shape["batch"] * (shape["heads"] // u) * shape["head_dim"] * pairs}

@@ -118,3 +118,12 @@ def oracle(shape, world_size, inputs_by_rank):
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
     return [(out[:, pos[r]].to(torch.bfloat16), lse[:, :, pos[r]].float()) for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of causal attention alone: chunk p of c tokens attends to the p earlier chunks whole and to
+    itself causally, c(c+1)/2 pairs; this rank holds chunks r and 2W-1-r, 4 * head_dim FLOPs per pair and
+    head. The reference's first step counts its whole local block, masked pairs included."""
+    c = shape["seq"] // world_size // 2
+    pairs = (2 * world_size - 1) * c * c + c * (c + 1)
+    return {"flops": 4 * shape["batch"] * shape["heads"] * shape["head_dim"] * pairs}

@@ -71,3 +71,13 @@ def oracle(shape, world_size, inputs_by_rank):
     coeff = min(1.0, MAX_NORM / (total_norm + 1.0e-6))
     norm_t = torch.tensor([total_norm], dtype=torch.float32)
     return [tuple(g.double().mul(coeff).float() for g in inputs) + (norm_t,) for inputs in inputs_by_rank]
+
+
+def traffic(shape, world_size):
+    """HBM: the gradients are read twice (the norm, then the scaling, which must wait for the global
+    norm) and written once; inputs plus outputs would count one read."""
+    out = []
+    for rank in range(world_size):
+        numel = sum(_shard_rows(s[0], rank, world_size) * math.prod(s[1:]) for s in shape["params"])
+        out.append({"hbm_bytes": 3 * numel * 4 + 4})  # fp32, plus the norm
+    return out

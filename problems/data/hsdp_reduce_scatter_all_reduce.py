@@ -84,3 +84,15 @@ def oracle(shape, world_size, inputs_by_rank):
     per_shard = [[torch.tensor_split(m, [k * -(-m.shape[0] // shards) for k in range(1, shards)])[s].float()
                   for m in mean] for s in range(shards)]
     return [tuple(per_shard[r % shards]) for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Every rank needs its shard averaged over all W ranks. Minimum: a reduce-scatter over all W ranks
+    that ships the raw bf16 gradients (accumulated in fp32 by the owner), each replica owning 1/REPLICAS of
+    the shard, then the replicas exchange their fp32 pieces. The reference reduce-scatters fp32 inside
+    the shard group and all-reduces fp32 across replicas: more bytes."""
+    shards = world_size // REPLICAS
+    numel = sum(-(-s[0] // shards) * math.prod(s[1:]) for s in shape["params"]) * shards
+    piece = numel / world_size  # elements this rank reduces
+    moved = piece * (2 * (world_size - 1) + 4 * (REPLICAS - 1))
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -113,3 +113,18 @@ def oracle(shape, world_size, inputs_by_rank):
         for r in range(world_size):
             outs[r][i] = update[r].to(torch.bfloat16)
     return [tuple(outs[r]) + tuple(m.float() for m in new_m[r]) for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Per batch of same-shaped params, rank j owns param j: it gathers the param's bf16 row shards from
+    the other ranks and sends each its rows of the update back. A rank that owns nothing in a short batch
+    needs nothing, while the reference all-to-alls zero padding to and from it."""
+    local = [[s[0] // world_size, s[1]] for s in shape["params"]]
+    moved = [0] * world_size
+    for batch in _batches(local, world_size):
+        shard = [local[i][0] * local[i][1] * 2 for i in batch]  # bf16 bytes of one rank's rows
+        for r in range(world_size):
+            others = sum(s for j, s in enumerate(shard) if j != r)  # to their owners, and back
+            own = (world_size - 1) * shard[r] if r < len(batch) else 0  # gathered here, and sent back
+            moved[r] += others + own
+    return [{"send_bytes": m, "recv_bytes": m} for m in moved]

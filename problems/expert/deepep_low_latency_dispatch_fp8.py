@@ -137,3 +137,20 @@ def oracle(shape, world_size, inputs_by_rank):
             ranges,
         ))
     return outs
+
+
+def traffic(shape, world_size):
+    """A token needs to reach a rank once, however many of its experts live there: per (token, remote
+    rank) the fp8 row, its fp32 scales, its int32 source index and a bit per local expert (the receiver
+    copies rows per expert itself). The reference sends one row per (token, expert) pair. Averaged over 8
+    routing draws distributed like make_inputs'."""
+    t, h, e, k = shape["tokens"], shape["hidden"], shape["experts"], shape["topk"]
+    gen = torch.Generator().manual_seed(0)
+    draws, hits = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        idx = (torch.randn(t, e, generator=gen) + bias).topk(k, dim=-1).indices
+        hit = torch.zeros(t, world_size, dtype=torch.bool).scatter_(1, idx // (e // world_size), True)
+        hits += hit.sum().item() / world_size / draws  # tokens of one rank that reach a given rank
+    moved = (world_size - 1) * hits * (h + h // GROUP * 4 + 4 + -(-(e // world_size) // 8))
+    return {"send_bytes": moved, "recv_bytes": moved}

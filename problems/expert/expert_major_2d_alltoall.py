@@ -72,3 +72,10 @@ def solution(x: torch.Tensor, local_size: int):
 def oracle(shape, world_size, inputs_by_rank):
     chunks = [inp[0].chunk(world_size) for inp in inputs_by_rank]
     return [torch.cat([chunks[s][r] for s in range(world_size)]) for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """A flat all-to-all moves (W-1)/W of the buffer per rank; the reference's two hops (across nodes,
+    then within a node) carry some blocks twice."""
+    moved = (world_size - 1) * shape["experts"] * shape["capacity"] * shape["hidden"] * 2 / world_size
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -113,3 +113,20 @@ def oracle(shape, world_size, inputs_by_rank):
         torch.stack([buffers[s][r * num_local : (r + 1) * num_local] for s in range(world_size)])
         for r in range(world_size)
     ]
+
+
+def traffic(shape, world_size):
+    """Only filled capacity slots need to travel, plus one bit per slot saying which; the empty slots are
+    zeros the receiver can write itself. Filled slots of an expert = min(tokens with it in their top 2,
+    capacity), averaged over 8 routing draws distributed like make_inputs'. The dispatch is a copy: no
+    matrix FLOPs (the reference's one-hot einsum counts as a matmul)."""
+    t, h, e = shape["tokens"], shape["hidden"], shape["experts"]
+    capacity = max(math.ceil((t / e) * (shape["capacity_factor"] * 2)), shape["min_capacity"])
+    gen = torch.Generator().manual_seed(0)
+    draws, filled = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        top2 = (torch.randn(t, e, generator=gen) + bias).topk(2, dim=-1).indices
+        filled += torch.bincount(top2.reshape(-1), minlength=e).clamp(max=capacity).sum().item() / draws
+    moved = (world_size - 1) / world_size * (filled * h * 2 + e * capacity / 8)
+    return {"send_bytes": moved, "recv_bytes": moved, "flops": 0}

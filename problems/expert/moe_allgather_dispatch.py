@@ -92,3 +92,21 @@ def oracle(shape, world_size, inputs_by_rank):
         p = torch.stack(row_probs) if row_probs else probs.new_empty(0)
         outs.append((tokens, torch.tensor(counts, dtype=torch.long), p))
     return outs
+
+
+def traffic(shape, world_size):
+    """Each rank needs only the tokens routed to its experts: per (token, destination rank) one bf16 row,
+    the fp32 prob of each (token, local expert) pair, and the routing bits of the destination's experts.
+    The reference gathers every row, prob and routing bit to every rank. Tokens reaching a rank are
+    averaged over 8 routing draws distributed like make_inputs'."""
+    t, h, e, k = shape["tokens"], shape["hidden"], shape["experts"], shape["topk"]
+    gen = torch.Generator().manual_seed(0)
+    draws, hits = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        idx = (torch.randn(t, e, generator=gen) + bias).topk(k, dim=-1).indices
+        hit = torch.zeros(t, world_size, dtype=torch.bool).scatter_(1, idx // (e // world_size), True)
+        hits += hit.sum().item() / world_size / draws  # tokens of one rank that reach a given rank
+    per_peer = hits * h * 2 + t * k / world_size * 4 + -(-t * (e // world_size) // 8)
+    moved = (world_size - 1) * per_peer
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -106,3 +106,21 @@ def oracle(shape, world_size, inputs_by_rank):
                         row += 1
         assert row == expert_output.shape[0]
     return [o.to(torch.bfloat16) for o in outs]
+
+
+def traffic(shape, world_size):
+    """Each token's rows from one rank's experts can be summed there: the owner sends the fp32 probs of
+    its (token, expert) pairs and the routing bits of that rank's experts, and gets back one bf16 row per
+    (token, remote rank). The reference returns one row per (token, expert) pair. Averaged over 8 routing
+    draws distributed like make_inputs'."""
+    t, h, e, k = shape["tokens"], shape["hidden"], shape["experts"], shape["topk"]
+    gen = torch.Generator().manual_seed(0)
+    draws, hits = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        idx = (torch.randn(t, e, generator=gen) + bias).topk(k, dim=-1).indices
+        hit = torch.zeros(t, world_size, dtype=torch.bool).scatter_(1, idx // (e // world_size), True)
+        hits += hit.sum().item() / world_size / draws  # tokens of one rank that reach a given rank
+    per_peer = hits * h * 2 + t * k / world_size * 4 + -(-t * (e // world_size) // 8)
+    moved = (world_size - 1) * per_peer
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -109,3 +109,21 @@ def oracle(shape, world_size, inputs_by_rank):
         p = torch.stack(row_probs) if row_probs else torch.empty(0)
         outs.append((tokens, torch.tensor(counts, dtype=torch.long), p))
     return outs
+
+
+def traffic(shape, world_size):
+    """A token needs to reach a rank once, however many of its experts live there: per (token, remote
+    rank) one bf16 row, plus the fp32 prob of each (token, expert) pair and the routing bits of the
+    destination's experts (the receiver copies rows per expert itself). The reference sends one row per
+    (token, expert) pair. Averaged over 8 routing draws distributed like make_inputs'."""
+    t, h, e, k = shape["tokens"], shape["hidden"], shape["experts"], shape["topk"]
+    gen = torch.Generator().manual_seed(0)
+    draws, hits = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        idx = (torch.randn(t, e, generator=gen) + bias).topk(k, dim=-1).indices
+        hit = torch.zeros(t, world_size, dtype=torch.bool).scatter_(1, idx // (e // world_size), True)
+        hits += hit.sum().item() / world_size / draws  # tokens of one rank that reach a given rank
+    per_peer = hits * h * 2 + t * k / world_size * 4 + -(-t * (e // world_size) // 8)
+    moved = (world_size - 1) * per_peer
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -82,3 +82,19 @@ def oracle(shape, world_size, inputs_by_rank):
                     total[tok] += float(local_probs[tok, le]) * expert_output[row].double()
                     row += 1
     return [c.to(torch.bfloat16) for c in total.chunk(world_size)]
+
+
+def traffic(shape, world_size):
+    """A rank's partial sums matter only for tokens routed to its experts: per (token, owner rank) pair
+    one bf16 row goes to the owner. The reference reduce-scatters the dense [W * tokens, hidden] buffer,
+    zero rows included. Averaged over 8 routing draws distributed like make_inputs'."""
+    t, h, e, k = shape["tokens"], shape["hidden"], shape["experts"], shape["topk"]
+    gen = torch.Generator().manual_seed(0)
+    draws, hits = 8, 0.0
+    for _ in range(draws):
+        bias = -ZIPF * torch.log1p(torch.randperm(e, generator=gen).float())
+        idx = (torch.randn(t, e, generator=gen) + bias).topk(k, dim=-1).indices
+        hit = torch.zeros(t, world_size, dtype=torch.bool).scatter_(1, idx // (e // world_size), True)
+        hits += hit.sum().item() / world_size / draws  # tokens of one rank that reach a given rank
+    moved = (world_size - 1) * hits * h * 2
+    return {"send_bytes": moved, "recv_bytes": moved}

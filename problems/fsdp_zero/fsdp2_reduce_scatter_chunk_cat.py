@@ -70,3 +70,11 @@ def oracle(shape, world_size, inputs_by_rank):
             shards.append(m[r * chunk:(r + 1) * chunk].float())
         out.append(tuple(shards))
     return out
+
+
+def traffic(shape, world_size):
+    """A direct reduce-scatter can ship the raw bf16 gradients and accumulate in fp32 at the owner; the
+    reference upcasts first and moves fp32."""
+    numel = sum(-(-s[0] // world_size) * math.prod(s[1:]) for s in shape["params"]) * world_size
+    moved = (world_size - 1) * numel / world_size * 2
+    return {"send_bytes": moved, "recv_bytes": moved}

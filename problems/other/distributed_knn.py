@@ -67,3 +67,9 @@ def oracle(shape, world_size, inputs_by_rank):
     dists, ids = d2.sort(dim=1, stable=True)  # stable: equal distances keep ascending global ids
     result = (dists[:, :k].float(), ids[:, :k].clone())
     return [tuple(t.clone() for t in result) for _ in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """FLOPs in bf16 terms: the distances are exact int8 dot products (int32 accumulation), and int8
+    tensor cores run at twice the bf16 rate the roofline divides by."""
+    return {"flops": shape["queries"] * shape["shard"] * shape["dim"]}

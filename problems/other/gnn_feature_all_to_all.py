@@ -65,3 +65,11 @@ def solution(features: torch.Tensor, requested: torch.Tensor):
 def oracle(shape, world_size, inputs_by_rank):
     table = torch.cat([inp[0] for inp in inputs_by_rank])
     return [table[requested].clone() for _, requested in inputs_by_rank]
+
+
+def traffic(shape, world_size):
+    """HBM: only the requested rows of the feature table are read, not the whole table. A rank requests
+    3/4 max_requests ids on average (uniform on max/2..max) and, the ids being uniform over all nodes,
+    answers as many: its ids and the ids it is asked (int64), the rows it answers and the rows it gets."""
+    requests = 3 * shape["max_requests"] / 4
+    return {"hbm_bytes": requests * (8 + 8 + 4 * shape["features"])}  # two bf16 rows per request

@@ -65,3 +65,12 @@ def oracle(shape, world_size, inputs_by_rank):
     target = inputs_by_rank[0][1]
     log_probs = torch.log_softmax(full, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return [log_probs.float() for _ in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Per token: one all-reduce of the (max, sum of exp) pair (8 bytes; the online-softmax merge is
+    associative) and the target's logit, which has one owner (an all-gather, 4 bytes). The reference
+    all-reduces all three."""
+    tokens = shape["batch"] * shape["seq"]
+    moved = tokens * (2 * (world_size - 1) / world_size * 8 + (world_size - 1) / world_size * 4)
+    return {"send_bytes": moved, "recv_bytes": moved}

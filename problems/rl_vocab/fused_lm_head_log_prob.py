@@ -97,3 +97,13 @@ def oracle(shape, world_size, inputs_by_rank):
     logits = torch.einsum("sbh,vh->bsv", hidden, weight).double()
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return [log_probs.float() for _ in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """The hidden states' all-gather, then per token one all-reduce of the (max, sum of exp) pair (8
+    bytes; the online-softmax merge is associative) and the target's logit, which has one owner (an
+    all-gather, 4 bytes). The reference all-reduces all three."""
+    tokens = shape["seq"] * shape["batch"]
+    gather = (world_size - 1) * tokens // world_size * shape["hidden"] * 2  # bf16
+    moved = gather + tokens * (2 * (world_size - 1) / world_size * 8 + (world_size - 1) / world_size * 4)
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -61,3 +61,12 @@ def oracle(shape, world_size, inputs_by_rank):
     indices = inputs_by_rank[0][1]
     values = full.gather(-1, indices).float()
     return [values for _ in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """Every gathered logit has one owner (the rank holding its vocab slice), so each rank needs only the
+    other owners' values: an all-gather, not an all-reduce. Indices are uniform, so a rank owns 1/W of
+    them on average. HBM: the indices, the owned logits (not the whole vocab slice) and the output."""
+    n = shape["batch"] * shape["seq"] * shape["k"]
+    moved = (world_size - 1) / world_size * n * 4  # fp32 values
+    return {"send_bytes": moved, "recv_bytes": moved, "hbm_bytes": n * 8 + n / world_size * 2 + n * 4}

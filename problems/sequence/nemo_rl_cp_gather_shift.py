@@ -75,3 +75,11 @@ def oracle(shape, world_size, inputs_by_rank):
     lp = logits[:, :-1] - torch.logsumexp(logits[:, :-1], dim=-1, keepdim=True)
     out = lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).float()
     return [out.clone() for _ in range(w)]
+
+
+def traffic(shape, world_size):
+    """The shifted targets need one id from the next chunk for each of a rank's two chunks (the first id
+    of chunk p+1), not the whole gathered id sequence; the fp32 log-probs are all-gathered, as the output
+    is replicated."""
+    moved = (world_size - 1) * shape["batch"] * (shape["seq"] // world_size) * 4 + 2 * 8 * shape["batch"]
+    return {"send_bytes": moved, "recv_bytes": moved}

@@ -73,3 +73,11 @@ def oracle(shape, world_size, inputs_by_rank):
     out = torch.einsum("bhqk,kbhd->qbhd", probs, v).to(torch.bfloat16)  # [s, b, h, d]
     s_local = s // world_size
     return [out[r * s_local:(r + 1) * s_local].clone() for r in range(world_size)]
+
+
+def traffic(shape, world_size):
+    """FLOPs of causal attention alone: after the exchange a rank attends heads/W heads over the whole
+    sequence, s(s+1)/2 pairs, 4 * head_dim FLOPs per pair and head (PyTorch's FLOP counter ignores
+    is_causal on GPUs and counts nothing for the CPU kernel)."""
+    s = shape["seq"]
+    return {"flops": 4 * shape["batch"] * (shape["heads"] // world_size) * shape["head_dim"] * s * (s + 1) // 2}

@@ -71,3 +71,9 @@ def oracle(shape, world_size, inputs_by_rank):
     for _, _, wq, ws in inputs_by_rank:
         outs.append((x @ (wq.view(FP8).double() * ws.double()).t()).to(torch.bfloat16))
     return outs
+
+
+def traffic(shape, world_size):
+    """FLOPs in bf16 terms: the GEMM's operands are fp8, and fp8 tensor cores run at twice the bf16 rate
+    the roofline divides by (the reference upcasts to bf16 only because that runs everywhere)."""
+    return {"flops": shape["tokens"] * shape["hidden"] * (shape["out_features"] // world_size)}

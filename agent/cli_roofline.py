@@ -1,0 +1,135 @@
+"""`pkb roofline`: a problem's lower-bound time on this machine, and how close the reference (and a
+candidate) comes to it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file, one_problem
+from harness.config import EvalConfig, TimingConfig
+from harness.evaluate import evaluate
+from harness.pool import PoolError, RankPool
+from harness.problem import Problem
+from harness.results import EvalResult
+from harness.roofline import (
+    Roofline,
+    RooflineError,
+    fmt_bytes,
+    fmt_flops,
+    fmt_time,
+    render_text,
+    resolve_ceilings,
+    roofline,
+    time_reference,
+    trace_reference,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("roofline", help="lower-bound time of a problem (interconnect, HBM, FLOPs) and the "
+                                        "fraction of it the reference and a candidate reach")
+    p.add_argument("--problem", required=True, help="problem name")
+    p.add_argument("--solution", default=None, help="candidate file: evaluate it and show its fraction too")
+    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-timing", action="store_true", help="the bound only: time neither side")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the roofline record as JSON")
+    out.add_argument("--text", action="store_true", help="print the short text a model gets (<= 600 tokens)")
+    p.set_defaults(handler=cmd_roofline)
+
+
+def check_run(problem: Problem, shape: str | None, world_size: int, device: str) -> str:
+    """The shape to use; CliError when the problem, shape, world size or device does not fit."""
+    shape = shape or ("default" if device == "cuda" else "small")
+    check_shape(problem, shape)
+    check_world_size(problem, world_size)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda: no CUDA device is visible on this machine")
+        if torch.cuda.device_count() < world_size:
+            raise CliError(f"--world-size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible")
+    return shape
+
+
+def cmd_roofline(args: argparse.Namespace) -> int:
+    problem = one_problem(args.problem)
+    solution = existing_file(args.solution, "solution file") if args.solution else None
+    shape = check_run(problem, args.shape, args.world_size, args.device)
+    quiet = args.json or args.text
+    result: EvalResult | None = None
+    try:
+        ceilings = resolve_ceilings(device=args.device)
+        if solution is not None:
+            if not quiet:
+                console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, "
+                              f"{args.device})")
+            config = EvalConfig(seed=args.seed, skip_timing=args.no_timing,
+                                timing=TimingConfig.for_device(args.device))
+            result = evaluate(problem, Path(solution), world_size=args.world_size, device=args.device, shape=shape,
+                              config=config)
+            r = roofline(problem, shape, args.world_size, args.device, ceilings, candidate_result=result,
+                         seed=args.seed)
+        else:
+            with RankPool(args.world_size, args.device) as pool:
+                traced = trace_reference(problem, shape, args.world_size, args.device, pool=pool, seed=args.seed)
+                ref = None if args.no_timing else time_reference(pool, problem, shape, args.device, seed=args.seed)
+            r = roofline(problem, shape, args.world_size, args.device, ceilings, reference_result=ref,
+                         traced=traced)
+    except (RooflineError, PoolError) as err:
+        raise CliError(f"roofline of {problem.name}: {str(err).splitlines()[0]}") from None
+    if args.json:
+        print(r.model_dump_json(indent=2))
+    elif args.text:
+        print(render_text(r))
+    else:
+        if result is not None and not result.correct:
+            console.print(f"[red]{result.summary_line()}[/red] (the candidate has no fraction)")
+        render(r)
+    return 0 if result is None or result.correct else 1
+
+
+def render(r: Roofline) -> None:
+    c = r.ceilings
+    table = Table(title=f"roofline {r.problem} shape={r.shape} W={r.world_size} ({r.device}; {r.traffic_source})")
+    for col in ("rank", "send", "recv", "HBM", "FLOPs", "link", "HBM time", "compute", "bound", "binds"):
+        table.add_column(col, justify="right" if col not in ("binds",) else "left")
+    for b in r.ranks:
+        mark = "*" if b.rank == r.bound_rank else ""
+        table.add_row(f"{b.rank}{mark}", fmt_bytes(b.send_bytes), fmt_bytes(b.recv_bytes), fmt_bytes(b.hbm_bytes),
+                      fmt_flops(b.flops), fmt_time(b.link_s), fmt_time(b.hbm_s), fmt_time(b.compute_s),
+                      fmt_time(b.bound_s), b.binding)
+    console.print(table)
+    if r.declared:
+        console.print(f"declared by the problem's traffic(): {', '.join(r.declared)}; the rest traced")
+    console.print(f"ceilings: link {c.link_bytes_per_s / 1e9:.0f} GB/s ({c.link_source}), HBM "
+                  f"{c.hbm_bytes_per_s / 1e12:.2f} TB/s ({c.hbm_source}), matrix {c.matmul_flops_per_s / 1e12:.0f} "
+                  f"TFLOP/s ({c.matmul_source})")
+    console.print(f"bound: [bold]{fmt_time(r.bound_s)}[/bold], {r.binding}-bound (rank {r.bound_rank})")
+    if r.collectives:
+        kinds = Table(title=f"traced collectives of rank {r.bound_rank}")
+        for col in ("kind", "calls", "payload", "sent", "received", "group"):
+            kinds.add_column(col, justify="left" if col == "kind" else "right")
+        for k in r.collectives:
+            kinds.add_row(k.kind, str(k.count), fmt_bytes(k.bytes), fmt_bytes(k.send_bytes), fmt_bytes(k.recv_bytes),
+                          str(k.group_size))
+        console.print(kinds)
+    sides = [(name, a) for name, a in (("reference", r.reference), ("candidate", r.candidate)) if a is not None]
+    if sides:
+        timed = Table(title="measured (median, max over ranks per iteration)")
+        for col in ("side", "median", "clock", "fraction of bound", ""):
+            timed.add_column(col)
+        for name, a in sides:
+            timed.add_row(name, fmt_time(a.median_ms / 1e3), a.clock, f"{a.fraction:.1%}",
+                          "[red]IMPOSSIBLE[/red]" if a.impossible else "")
+        console.print(timed)
+    for flag in r.flags:
+        console.print(f"[red]flag: {flag}[/red]")
+    for note in r.notes:
+        console.print(f"note: {note}")
