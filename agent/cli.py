@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from agent import cli_eval, cli_problems, cli_profile, cli_report, cli_roofline, cli_topology
+from agent import cli_eval, cli_problems, cli_profile, cli_report, cli_roofline, cli_run, cli_topology
 from agent.cli_common import CliError
 
-COMMAND_MODULES = (cli_problems, cli_eval, cli_report, cli_topology, cli_roofline, cli_profile)
+COMMAND_MODULES = (cli_problems, cli_eval, cli_run, cli_report, cli_topology, cli_roofline, cli_profile)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -1,0 +1,108 @@
+"""Experimental conditions are configuration, not code: zero-shot, an agent with a tool subset, or replay.
+
+Names (docs/run-layout.md): `zero-shot`; `agent:<tool>+<tool>...` with the tools sorted by name, e.g.
+`agent:bench+check+compile`; `replay` for solution files read from a directory. A plain `agent` means
+every ablatable tool, or the ones `--tools` names. `submit` is not part of a condition's name: every
+agent can submit (it is how a sample ends), so only the feedback tools are ablated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from tools.base import TOOL_NAMES
+
+SUBMIT = "submit"
+# The feedback tools a condition may pick from, in name order.
+AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name != SUBMIT))
+
+Kind = Literal["zero-shot", "agent", "replay"]
+ZERO_SHOT = "zero-shot"
+AGENT = "agent"
+REPLAY = "replay"
+
+
+class ConditionError(ValueError):
+    """A condition or tool list that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    kind: Kind
+    tools: tuple[str, ...] = ()  # the feedback tools of an agent condition, sorted; empty otherwise
+
+    @property
+    def name(self) -> str:
+        if self.kind == AGENT:
+            return f"{AGENT}:{'+'.join(self.tools)}"
+        return self.kind
+
+    @property
+    def bound_tools(self) -> tuple[str, ...]:
+        """What the model is given: the condition's tools plus submit (an agent), nothing otherwise."""
+        return (*self.tools, SUBMIT) if self.kind == AGENT else ()
+
+    @property
+    def uses_model(self) -> bool:
+        return self.kind != REPLAY
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_tools(text: str | Iterable[str]) -> tuple[str, ...]:
+    """Tool names from "compile,check" / "compile+check" (or a list), checked and sorted."""
+    parts = text.replace("+", ",").split(",") if isinstance(text, str) else list(text)
+    names = [p.strip() for p in parts if p.strip()]
+    if not names:
+        raise ConditionError(f"no tool named; choose from {', '.join(AGENT_TOOLS)}")
+    unknown = [n for n in names if n not in AGENT_TOOLS]
+    if SUBMIT in unknown:
+        raise ConditionError(f"'{SUBMIT}' is always given to an agent; choose feedback tools from "
+                             f"{', '.join(AGENT_TOOLS)}")
+    if unknown:
+        raise ConditionError(f"unknown tool {unknown[0]!r}; choose from {', '.join(AGENT_TOOLS)}")
+    return tuple(sorted(set(names)))
+
+
+def parse_condition(text: str, tools: str | Sequence[str] | None = None) -> Condition:
+    """One condition: "zero-shot", "agent" (every tool, or `tools`), "agent:compile+check", "replay"."""
+    text = text.strip()
+    kind, sep, listed = text.partition(":")
+    kind = kind.strip().lower()
+    if kind == ZERO_SHOT and not sep:
+        if tools:
+            raise ConditionError("--tools applies to agent conditions; zero-shot has no tools")
+        return Condition(ZERO_SHOT)
+    if kind == REPLAY and not sep:
+        return Condition(REPLAY)
+    if kind == AGENT:
+        if sep and tools:
+            parsed, given = parse_tools(listed), parse_tools(tools)
+            if parsed != given:
+                raise ConditionError(f"condition {text!r} and --tools {','.join(given)} disagree; give the tools once")
+            return Condition(AGENT, parsed)
+        if sep:
+            return Condition(AGENT, parse_tools(listed))
+        return Condition(AGENT, parse_tools(tools) if tools else AGENT_TOOLS)
+    raise ConditionError(f"unknown condition {text!r}: use zero-shot, agent, or agent:<tool>+<tool> "
+                         f"(tools: {', '.join(AGENT_TOOLS)})")
+
+
+def parse_conditions(texts: str | Sequence[str], tools: str | Sequence[str] | None = None) -> list[Condition]:
+    """Several conditions, comma-separated or repeated; `tools` applies to each plain `agent`."""
+    items = [texts] if isinstance(texts, str) else list(texts)
+    parts = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not parts:
+        raise ConditionError("no condition given: use zero-shot, agent or agent:<tool>+<tool>")
+    conditions: list[Condition] = []
+    for part in parts:
+        is_agent = part.lower().startswith(AGENT)
+        condition = parse_condition(part, tools if is_agent else None)
+        if condition not in conditions:
+            conditions.append(condition)
+    if tools and not any(c.kind == AGENT for c in conditions):
+        raise ConditionError("--tools applies to agent conditions; none was given")
+    return conditions

@@ -1,0 +1,442 @@
+"""One sample of a model condition as a LangGraph StateGraph.
+
+    START -> guard -> model -> tools -> guard -> model -> ... -> score -> END
+                  \\        \\        \\
+                   score    score     score      (a limit reached, a reply with no tool call, a submit)
+
+- guard: the budget check before every model call (turns, tokens, dollars, wall, GPU seconds).
+- model: one call of the chat model with the condition's tools bound (zero-shot: no tools; its code is
+  taken from the reply). Token usage and cost are recorded; tokens, dollars and wall time are checked
+  again right after the reply, so no tool runs on a spent budget.
+- tools: every tool call of the reply through tools.run_tool. Tools that run candidates on a device take
+  a lease from the DeviceScheduler first. Every candidate a tool saw is kept as candidates/NNN.py with
+  its structured result in candidates/NNN.json; `submit` ends the sample.
+- score: the submitted candidate, or else the last one, is copied to final.py and evaluated with the
+  full harness on a fresh seed, scoring_seed(seed): the tools check with the run's seed, so the inputs
+  of the final verdict are ones the model never saw feedback on. A `pkb eval` of final.py therefore
+  draws other inputs than result.json did (use `--seed` with scoring_seed(seed) to repeat it exactly).
+
+An agent reply without tool calls ends the sample too: code in it is an implicit submission
+(stop reason `submitted`); a reply with no code stops with `no_code`, and the last candidate, if any,
+is still scored. Provider errors, after agent.retry's retries:
+- a bad key, an unknown model or endpoint, a server that cannot be reached: FatalProviderError ends
+  the whole run (every other sample would fail the same way);
+- rate limits, 5xx, timeouts: TransientProviderError leaves the graph at its last checkpoint; the
+  sample stays unfinished and `--resume` continues it (an infrastructure failure, not the model's);
+- anything else the server refuses (a 400 for a conversation too long, say) is final for this sample:
+  it stops with `model_error` and its last candidate, if any, is scored.
+
+The state holds only JSON-like values and LangChain messages, so the SQLite checkpointer can store it
+after every node; a killed run resumes a sample at the node it was in.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import Runnable
+from langgraph.graph import END, START, StateGraph, add_messages
+
+import prompts
+from agent.budgets import Budget, BudgetTracker, Spent
+from agent.conditions import AGENT, SUBMIT, Condition
+from agent.providers import ProviderError
+from agent.retry import invoke_model
+from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
+from agent.scheduler import DeviceScheduler
+from agent.usage import PriceTable, usage_of
+from harness import failures
+from harness.compile import compile_candidate
+from harness.config import EvalConfig
+from harness.evaluate import evaluate
+from harness.problem import Problem
+from harness.results import EvalResult
+from tools.base import ToolContext, ToolOutcome, run_tool, save_candidate
+from tools.langchain import make_tools
+
+# The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
+SCORING_SEED_OFFSET = 1_000_003
+# Tools that never touch a device (a compile runs in its own process; submit only records).
+DEVICE_FREE_TOOLS = frozenset({"compile", SUBMIT})
+# An infra_error of the final scoring is the harness's failure: tried this many times in all.
+SCORING_ATTEMPTS = 3
+
+# Stop reasons that are not budgets (docs/run-layout.md).
+SUBMITTED = "submitted"
+NO_CODE = "no_code"
+ZERO_SHOT = "zero_shot"
+MODEL_ERROR = "model_error"
+REPLAYED = "replayed"
+
+
+def scoring_seed(seed: int) -> int:
+    return seed + SCORING_SEED_OFFSET
+
+
+class FatalProviderError(ProviderError):
+    """A provider error that ends the run: retrying other samples cannot succeed."""
+
+
+class TransientProviderError(ProviderError):
+    """Rate limits, server errors or timeouts that outlasted the retries: the sample stops unfinished, at its
+    last checkpoint, so `--resume` continues it; nothing is charged to the model."""
+
+
+def is_fatal(error: ProviderError) -> bool:
+    """A bad key, an unknown model or endpoint, a server that cannot be reached."""
+    return error.kind in ("config", "unreachable") or error.status in (401, 403, 404)
+
+
+def is_transient(error: ProviderError) -> bool:
+    return error.kind in ("rate_limit", "server", "timeout")
+
+
+class AgentState(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    spent: dict[str, Any]  # budgets.Spent.as_dict()
+    candidates: list[dict[str, Any]]  # {"index", "path", "tool", "tool_call_id", "message_id", "verdict"}
+    submitted: str | None  # the submitted candidate, relative to the sample folder
+    stop_reason: str | None
+    error: str | None  # the provider's message when stop_reason is model_error
+    result: dict[str, Any] | None  # the final scoring's EvalResult, as JSON
+    scoring: dict[str, Any]  # {"seconds", "gpu_s", "attempts", "final"}
+
+
+@dataclass
+class SampleContext:
+    """Everything one sample's nodes need that is not state (never checkpointed)."""
+
+    problem: Problem
+    condition: Condition
+    model: BaseChatModel | None
+    model_name: str  # "provider:model", the price table's key
+    directory: SampleDir
+    budget: Budget
+    prices: PriceTable | None
+    config: EvalConfig  # what the tools evaluate with; the final scoring uses scoring_seed(config.seed)
+    scheduler: DeviceScheduler
+    world_size: int
+    device: str
+    shape: str
+    topology: dict[str, Any] | None = None
+    log: Any = None  # a structlog logger bound to this sample
+    model_attempts: int = 5
+    answer_tokens: int = 600
+    guide_in_prompt: bool = True
+
+
+# -- prompts and text --------------------------------------------------------------------------------
+def initial_messages(ctx: SampleContext) -> list[BaseMessage]:
+    tools = list(ctx.condition.bound_tools)
+    # The guide goes into the system prompt unless the condition offers it as a tool (or it is switched off).
+    system = prompts.render_system(tools, ctx.guide_in_prompt and "guide" not in tools)
+    task = prompts.render_task(ctx.problem, ctx.shape, ctx.world_size, ctx.topology, include_guide=False)
+    return [SystemMessage(content=system), HumanMessage(content=task)]
+
+
+def message_text(message: BaseMessage) -> str:
+    """The text of a message whose content may be a list of blocks (Anthropic's replies are)."""
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "\n".join(parts)
+
+
+# -- candidates -------------------------------------------------------------------------------------
+# The tools save each candidate they are given as candidates/NNN.py (+ .json) in the sample folder; the
+# state's list of candidates is the authority. A run killed after a tool saved a candidate but before the
+# checkpoint re-runs that tool call on resume, so files beyond the state's list are dropped first.
+def _drop_orphans(ctx: SampleContext, state: AgentState) -> None:
+    known = len(state.get("candidates") or [])
+    folder = ctx.directory.candidates
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        stem = path.name.split(".", 1)[0]
+        if stem.isdigit() and int(stem) >= known and path.suffix in (".py", ".json"):
+            path.unlink(missing_ok=True)
+
+
+def _entry(ctx: SampleContext, path: Path, tool: str | None, tool_call_id: str | None, message_id: str | None,
+           verdict: Any) -> dict[str, Any]:
+    return {"index": int(path.stem), "path": ctx.directory.relative(path), "tool": tool,
+            "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict}
+
+
+def _reply_candidate(ctx: SampleContext, code: str, message_id: str) -> dict[str, Any]:
+    """candidates/NNN.py for code the model wrote in a reply (zero-shot, or an agent's last word)."""
+    path = save_candidate(tool_context(ctx, gpus=None), code if code.endswith("\n") else code + "\n")
+    write_json_atomic(path.with_suffix(".json"), {"source": "reply", "message_id": message_id,
+                                                  "candidate": ctx.directory.relative(path)})
+    return _entry(ctx, path, None, None, message_id, None)
+
+
+# -- scoring ----------------------------------------------------------------------------------------
+@dataclass
+class Scored:
+    result: EvalResult
+    attempts: int
+    seconds: float
+    gpu_s: float
+
+
+def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler, world_size: int,
+               device: str, shape: str, log_dir: Path | None, log: Any = None) -> Scored:
+    """The full harness on `path` with scoring_seed(config.seed); an infra_error is retried (bounded)."""
+    scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed)})
+    started = time.perf_counter()
+    gpu_s = 0.0
+    result: EvalResult | None = None
+    attempt = 0
+    if device == "cuda":  # build native code before taking GPUs: evaluate's own compile step hits the cache
+        compile_candidate(path, config.limits.compile_s, device)
+    for attempt in range(1, SCORING_ATTEMPTS + 1):
+        with scheduler.lease() as lease:
+            result = evaluate(problem, path, world_size=world_size, device=device, shape=shape,
+                              config=scoring_config, log_dir=log_dir, gpus=lease.gpus)
+        gpu_s += lease.device_seconds
+        if result.verdict != failures.INFRA_ERROR:
+            break
+        if log is not None:
+            log.warning("scoring_infra_error", attempt=attempt, attempts=SCORING_ATTEMPTS,
+                        message=result.failure.message if result.failure else "")
+    assert result is not None
+    return Scored(result, attempt, time.perf_counter() - started, gpu_s)
+
+
+# -- the graph --------------------------------------------------------------------------------------
+def bind_model(ctx: SampleContext) -> Runnable[Any, BaseMessage]:
+    """The chat model with the condition's tools bound (zero-shot: the bare model, no tools)."""
+    if ctx.model is None:
+        raise ValueError(f"condition {ctx.condition.name} needs a chat model")
+    if ctx.condition.kind != AGENT:
+        return ctx.model
+    schema_ctx = tool_context(ctx, gpus=None)
+    return ctx.model.bind_tools(make_tools(list(ctx.condition.bound_tools), schema_ctx))
+
+
+def tool_context(ctx: SampleContext, gpus: list[int] | None) -> ToolContext:
+    return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
+                       config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens)
+
+
+def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
+    """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable."""
+    bound = bind_model(ctx)
+    log = ctx.log
+    is_agent = ctx.condition.kind == AGENT
+
+    def tracker(state: AgentState) -> BudgetTracker:
+        return BudgetTracker(ctx.budget, Spent.from_dict(state.get("spent")))
+
+    def guard(state: AgentState) -> dict[str, Any]:
+        reason = tracker(state).stop_reason(before_model_call=True)
+        if reason and log is not None:
+            log.info("budget_stop", reason=reason, spent=state.get("spent"))
+        return {"stop_reason": reason} if reason else {}
+
+    def model(state: AgentState) -> dict[str, Any]:
+        started = time.perf_counter()
+        spend = tracker(state)
+        try:
+            reply = invoke_model(bound, state["messages"], attempts=ctx.model_attempts, log=log)
+        except ProviderError as err:
+            spend.record_wall(time.perf_counter() - started)
+            if is_fatal(err):
+                raise FatalProviderError(str(err), kind=err.kind, status=err.status) from err
+            if is_transient(err):  # leaves the graph: the checkpoint stays before this call
+                raise TransientProviderError(str(err), kind=err.kind, status=err.status) from err
+            if log is not None:
+                log.warning("model_error", kind=err.kind, status=err.status, error=str(err))
+            return {"stop_reason": MODEL_ERROR, "error": str(err), "spent": spend.spent.as_dict()}
+        usage = usage_of(reply)
+        cost = ctx.prices.cost(ctx.model_name, usage) if (ctx.prices is not None and usage is not None) else None
+        spend.record_model_call(usage, cost)
+        spend.record_wall(time.perf_counter() - started)
+        if log is not None:
+            log.info("model_reply", turn=spend.spent.turns, tool_calls=[c["name"] for c in reply.tool_calls],
+                     input_tokens=usage.input_tokens if usage else None,
+                     output_tokens=usage.output_tokens if usage else None, cost_usd=cost)
+        update: dict[str, Any] = {"messages": [reply], "spent": spend.spent.as_dict()}
+        if is_agent and (reply.tool_calls or reply.invalid_tool_calls):
+            reason = spend.stop_reason(before_model_call=False)
+            if reason:
+                update["stop_reason"] = reason
+            return update
+        # No tool call (always so for zero-shot): the reply's code, if any, is the answer.
+        if reply.id is None:  # add_messages would give it one; the candidate record needs it now
+            reply.id = str(uuid.uuid4())
+        code = prompts.extract_code(message_text(reply))
+        if code is None:
+            update["stop_reason"] = NO_CODE
+            return update
+        _drop_orphans(ctx, state)
+        entry = _reply_candidate(ctx, code, reply.id)
+        update["candidates"] = [*(state.get("candidates") or []), entry]
+        update["submitted"] = entry["path"]
+        update["stop_reason"] = SUBMITTED if is_agent else ZERO_SHOT
+        return update
+
+    def tools(state: AgentState) -> dict[str, Any]:
+        started = time.perf_counter()
+        spend = tracker(state)
+        reply = state["messages"][-1]
+        assert isinstance(reply, AIMessage)
+        candidates = list(state.get("candidates") or [])
+        _drop_orphans(ctx, state)
+        # Calls whose arguments were not valid JSON get an error answer: the model can try again.
+        messages: list[ToolMessage] = [
+            ToolMessage(content=f"error: the arguments of this {bad.get('name') or 'tool'} call could not be parsed"
+                                f" ({bad.get('error') or 'invalid JSON'}); send them again as a JSON object",
+                        tool_call_id=bad.get("id") or "", name=bad.get("name") or "", status="error")
+            for bad in reply.invalid_tool_calls]
+        submitted: str | None = None
+        for call in reply.tool_calls:
+            call_id = call.get("id") or ""
+            name = call["name"]
+            if submitted is not None:
+                messages.append(ToolMessage(content=f"not run: the sample ended with {SUBMIT}", tool_call_id=call_id,
+                                            name=name, status="error"))
+                continue
+            outcome, gpu_s, error = _run_one(ctx, name, call.get("args") or {})
+            spend.record_tool(name, gpu_s)
+            if error is not None:
+                messages.append(ToolMessage(content=error, tool_call_id=call_id, name=name, status="error"))
+                continue
+            if outcome.candidate is not None:  # saved by the tool, with its record beside it
+                candidates.append(_entry(ctx, Path(outcome.candidate), name, call_id, None,
+                                         (outcome.data or {}).get("verdict")))
+            if outcome.ends_sample:  # its own candidate, else the last one; "" when there is none (no_code)
+                submitted = candidates[-1]["path"] if candidates else ""
+            messages.append(ToolMessage(content=outcome.text, tool_call_id=call_id, name=name))
+        spend.record_wall(time.perf_counter() - started)
+        update: dict[str, Any] = {"messages": messages, "spent": spend.spent.as_dict(), "candidates": candidates}
+        if submitted is not None:
+            update["submitted"] = submitted or None
+            update["stop_reason"] = SUBMITTED if submitted else NO_CODE
+        else:
+            reason = spend.stop_reason(before_model_call=False)
+            if reason:
+                update["stop_reason"] = reason
+        return update
+
+    def score(state: AgentState) -> dict[str, Any]:
+        candidates = state.get("candidates") or []
+        final = state.get("submitted") or (candidates[-1]["path"] if candidates else None)
+        if final is None:
+            return {"result": None, "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": None}}
+        write_bytes_atomic(ctx.directory.final_py, (ctx.directory.path / final).read_bytes())
+        scored = score_file(ctx.problem, ctx.directory.final_py, config=ctx.config, scheduler=ctx.scheduler,
+                            world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
+                            log_dir=ctx.directory.logs, log=log)
+        if log is not None:
+            log.info("scored", final=final, verdict=scored.result.verdict, speedup=scored.result.speedup,
+                     seconds=round(scored.seconds, 3), attempts=scored.attempts)
+        return {"result": scored.result.model_dump(mode="json"),
+                "scoring": {"seconds": scored.seconds, "gpu_s": scored.gpu_s, "attempts": scored.attempts,
+                            "final": final}}
+
+    def after_guard(state: AgentState) -> str:
+        return "score" if state.get("stop_reason") else "model"
+
+    def after_model(state: AgentState) -> str:
+        return "score" if state.get("stop_reason") else "tools"
+
+    def after_tools(state: AgentState) -> str:
+        return "score" if state.get("stop_reason") else "guard"
+
+    graph = StateGraph(AgentState)
+    graph.add_node("guard", guard)
+    graph.add_node("model", model)
+    graph.add_node("tools", tools)
+    graph.add_node("score", score)
+    graph.add_edge(START, "guard")
+    graph.add_conditional_edges("guard", after_guard, ["model", "score"])
+    graph.add_conditional_edges("model", after_model, ["tools", "score"])
+    graph.add_conditional_edges("tools", after_tools, ["guard", "score"])
+    graph.add_edge("score", END)
+    return graph.compile(checkpointer=checkpointer)
+
+
+def recursion_limit(budget: Budget) -> int:
+    """LangGraph's step limit: three steps a turn (guard, model, tools) and a margin; the budget stops first."""
+    return 3 * budget.max_turns + 10 if budget.max_turns is not None else 1_000_000
+
+
+def _run_one(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:
+    """One tool call: (ToolOutcome, GPU seconds, None) or (None, GPU seconds, error text for the model).
+
+    GPU seconds are the tool's own figure where it reports one (CUDA), else the device lease it held, in
+    seconds x ranks: on CPU that is the rank processes' time, so a GPU budget works the same way there.
+    """
+    if name not in ctx.condition.bound_tools:
+        return None, 0.0, f"error: no tool named {name!r}; available: {', '.join(ctx.condition.bound_tools)}"
+    lease = None
+    try:
+        if name in DEVICE_FREE_TOOLS:
+            outcome = run_tool(name, args, tool_context(ctx, gpus=None))
+        else:
+            with ctx.scheduler.lease() as lease:
+                outcome = run_tool(name, args, tool_context(ctx, gpus=lease.gpus))
+    except Exception as exc:  # a tool's failure is reported to the model, logged, and never ends the run
+        if ctx.log is not None:
+            ctx.log.exception("tool_failed", tool=name)
+        held = lease.device_seconds if lease is not None else 0.0
+        return None, held, f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
+    reported = float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
+    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else 0.0)
+    if ctx.log is not None:
+        data = getattr(outcome, "data", {}) or {}
+        ctx.log.info("tool", tool=name, verdict=data.get("verdict"), gpu_s=round(gpu_s, 3),
+                     candidate=str(outcome.candidate) if outcome.candidate else None)
+    return outcome, gpu_s, None
+
+
+# -- transcript -------------------------------------------------------------------------------------
+def transcript(messages: list[BaseMessage], candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation in docs/run-layout.md's transcript schema."""
+    by_call = {c["tool_call_id"]: c["path"] for c in candidates if c.get("tool_call_id")}
+    by_message = {c["message_id"]: c["path"] for c in candidates if c.get("message_id")}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        entry: dict[str, Any] = {"content": m.content}
+        if isinstance(m, SystemMessage):
+            entry["role"] = "system"
+        elif isinstance(m, HumanMessage):
+            entry["role"] = "user"
+        elif isinstance(m, AIMessage):
+            entry["role"] = "assistant"
+            entry["tool_calls"] = [{"id": c.get("id"), "name": c["name"], "args": c.get("args", {})}
+                                   for c in m.tool_calls]
+            entry["tool_calls"] += [{"id": c.get("id"), "name": c.get("name") or "", "args": {"raw": c.get("args")},
+                                     "invalid": c.get("error") or True} for c in m.invalid_tool_calls]
+            usage = usage_of(m)
+            if usage is not None:
+                entry["usage"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+            if m.id in by_message:
+                entry["candidate"] = by_message[m.id]
+        elif isinstance(m, ToolMessage):
+            entry.update(role="tool", tool_call_id=m.tool_call_id, name=m.name)
+            if m.tool_call_id in by_call:
+                entry["candidate"] = by_call[m.tool_call_id]
+        else:
+            entry["role"] = m.type
+        out.append(entry)
+    return out
+
+
+def write_transcript(directory: SampleDir, messages: list[BaseMessage], candidates: list[dict[str, Any]]) -> None:
+    write_json_atomic(directory.transcript_json, transcript(messages, candidates))
+

@@ -1,0 +1,121 @@
+"""Paths of a run directory (docs/run-layout.md) and the atomic writes every file of it goes through.
+
+A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target:
+a reader (or a resumed run) sees the old file or the new one, never half of one, whatever moment the
+writer is killed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_SCHEMA = "pkb-run/1"
+SAMPLE_SCHEMA = "pkb-sample/1"
+RUNNING = "running"
+FINISHED = "finished"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in `path`, or None when the file is missing (atomic writes leave no partial file)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class SampleDir:
+    """samples/<problem>/<condition>/<k>/ and the files in it."""
+
+    path: Path
+
+    @property
+    def sample_json(self) -> Path:
+        return self.path / "sample.json"
+
+    @property
+    def result_json(self) -> Path:
+        return self.path / "result.json"
+
+    @property
+    def transcript_json(self) -> Path:
+        return self.path / "transcript.json"
+
+    @property
+    def final_py(self) -> Path:
+        return self.path / "final.py"
+
+    @property
+    def candidates(self) -> Path:
+        return self.path / "candidates"
+
+    @property
+    def logs(self) -> Path:
+        """Rank logs of the final scoring."""
+        return self.path / "logs"
+
+    def candidate(self, index: int) -> Path:
+        return self.candidates / f"{index:03d}.py"
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.path).as_posix()
+
+    def record(self) -> dict[str, Any] | None:
+        data = read_json(self.sample_json)
+        return data if isinstance(data, dict) else None
+
+    def is_finished(self) -> bool:
+        record = self.record()
+        return record is not None and record.get("status") == FINISHED
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """runs/<run_id>/."""
+
+    path: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints.sqlite"
+
+    def sample(self, problem: str, condition: str, k: int) -> SampleDir:
+        return SampleDir(self.path / "samples" / problem / condition / str(k))

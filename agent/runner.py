@@ -1,0 +1,507 @@
+"""The experiment runner: every (problem, condition, sample) of a run, concurrently and resumably.
+
+Everything goes under runs/<run_id>/ as docs/run-layout.md says, each file written atomically. A sample
+is done when its sample.json says `"status": "finished"`; that file is written last, after the
+transcript, the candidates and result.json, so a run killed at any moment has either a finished sample
+with all its files or an unfinished one. On resume a finished sample is never redone; an unfinished
+agent sample continues from its LangGraph checkpoint (runs/<id>/checkpoints.sqlite, thread
+"<problem>/<condition>/<k>"), so the turns it already took are neither repeated nor counted twice.
+
+Samples run in `concurrency` threads; their evaluations share the devices through one DeviceScheduler.
+What is not the model's fault is reported apart: an infra_error of the final scoring (retried, see
+agent.graph.score_file), provider outages that outlast the retries (the sample stays unfinished for
+`--resume`), and internal errors (logged with their traceback in events.jsonl).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sqlite3
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from pydantic import BaseModel, Field
+
+from agent.budgets import Budget, Spent
+from agent.conditions import REPLAY, Condition, parse_condition
+from agent.graph import (
+    NO_CODE,
+    REPLAYED,
+    FatalProviderError,
+    SampleContext,
+    TransientProviderError,
+    build_graph,
+    initial_messages,
+    recursion_limit,
+    score_file,
+    scoring_seed,
+    write_transcript,
+)
+from agent.providers import make_chat_model, parse_model_spec
+from agent.replay import ReplaySet
+from agent.rundir import (
+    FINISHED,
+    RUN_SCHEMA,
+    RUNNING,
+    SAMPLE_SCHEMA,
+    RunDir,
+    SampleDir,
+    read_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from agent.scheduler import DeviceScheduler
+from agent.scripted import ScriptedChatModel
+from agent.usage import PriceTable
+from harness import failures
+from harness.config import EvalConfig, TimingConfig
+from harness.problem import Problem
+
+
+class RunError(ValueError):
+    """A run that cannot start or go on as asked (exists, missing, different config); one line."""
+
+
+class RunConfig(BaseModel):
+    """What a run asks for; stored as run.json's "config" and authoritative on --resume."""
+
+    model: str
+    conditions: list[str]
+    samples: int | None = Field(1, description="per problem and condition; replay: at most this many files")
+    problems: list[str]
+    source: str | None = None  # None: this suite; "pkb:PATH": a PKB checkout
+    device: str = "cpu"
+    world_size: int = 2
+    shape: str = "small"
+    budgets: dict[str, Any] = Field(default_factory=lambda: Budget().as_dict())
+    seed: int = 0
+    trials: int = 5
+    skip_timing: bool = False
+    base_url: str | None = None
+    api_key_env: str | None = None
+    prices: str | None = None  # the --prices file; None: the packaged agent/prices.json
+    model_attempts: int = 5
+    temperature: float | None = None  # sent only when set: some models reject sampling parameters
+    max_reply_tokens: int | None = None  # the provider's per-reply output limit, when set
+    answer_tokens: int = 600
+    guide_in_prompt: bool = True
+
+    @property
+    def budget(self) -> Budget:
+        return Budget.from_dict(self.budgets)
+
+    @property
+    def parsed_conditions(self) -> list[Condition]:
+        return [parse_condition(c) for c in self.conditions]
+
+    def eval_config(self) -> EvalConfig:
+        return EvalConfig(trials=self.trials, seed=self.seed, skip_timing=self.skip_timing,
+                          timing=TimingConfig.for_device(self.device))
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    problem: Problem
+    condition: Condition
+    k: int
+    file: Path | None = None  # replay: the solution file (None: the directory has none for this problem)
+
+    @property
+    def thread_id(self) -> str:
+        return f"{self.problem.name}/{self.condition.name}/{self.k}"
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    total: int
+    records: list[dict[str, Any]] = field(default_factory=list)  # finished samples (this call and before)
+    skipped: int = 0  # finished before this call: not redone
+    interrupted: list[str] = field(default_factory=list)  # provider outages: unfinished, --resume continues
+    errors: list[str] = field(default_factory=list)  # internal errors: unfinished
+    fatal: str | None = None  # the provider error that ended the run
+
+    @property
+    def infra_errors(self) -> int:
+        return sum(1 for r in self.records if r.get("verdict") == failures.INFRA_ERROR)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.records) == self.total
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# -- run.json ---------------------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("pkb-agent", "torch", "langgraph", "langchain-core", "langchain-openai", "langchain-anthropic",
+                 "anthropic", "openai"):
+        try:
+            out[dist.replace("-", "_")] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist.replace("-", "_")] = "not installed"
+    return out
+
+
+def topology_record(device: str) -> dict[str, Any] | None:
+    """The saved topology profile (`pkb topology`), on CUDA runs; None on CPU or where none is saved."""
+    if device != "cuda":
+        return None
+    from harness import topology
+
+    try:
+        profile = topology.load()
+    except topology.TopologyError:
+        return None
+    return profile.model_dump(mode="json") if profile is not None else None
+
+
+def run_header(run_id: str, config: RunConfig, prices: PriceTable | None) -> dict[str, Any]:
+    import prompts
+    from harness.fingerprint import environment
+
+    return {
+        "schema": RUN_SCHEMA,
+        "run_id": run_id,
+        "created_at": now(),
+        "config": config.model_dump(mode="json"),
+        "versions": versions(),
+        "prompt_hashes": prompts.hashes(),
+        "prices": {"source": prices.source, "version": prices.version} if prices is not None else None,
+        "topology": topology_record(config.device),
+        "environment": environment(),
+    }
+
+
+def create_run(run_dir: RunDir, config: RunConfig, prices: PriceTable | None) -> dict[str, Any]:
+    """Start a new run: refuse an existing one (it needs --resume)."""
+    if run_dir.run_json.exists():
+        raise RunError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    header = run_header(run_dir.path.name, config, prices)
+    write_json_atomic(run_dir.run_json, header)
+    return header
+
+
+def load_run_config(run_dir: RunDir) -> RunConfig:
+    """The config of an existing run, for --resume."""
+    header = read_json(run_dir.run_json)
+    if header is None:
+        raise RunError(f"no run to resume at {run_dir.path} (run.json is missing)")
+    if not isinstance(header, dict) or header.get("schema") != RUN_SCHEMA or not isinstance(header.get("config"), dict):
+        raise RunError(f"{run_dir.run_json} is not a {RUN_SCHEMA} run header")
+    try:
+        return RunConfig.model_validate(header["config"])
+    except ValueError as err:
+        raise RunError(f"{run_dir.run_json}: its config cannot be read ({str(err).splitlines()[0]})") from None
+
+
+# -- the event log ----------------------------------------------------------------------------------
+def open_event_log(path: Path) -> tuple[Any, IO[str]]:
+    """A structlog logger appending JSON lines to `path` (thread-safe; one object per line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            torn = f.read(1) != b"\n"  # a run killed mid-write left half a line: start on a fresh one
+    else:
+        torn = False
+    handle = open(path, "a", buffering=1)
+    if torn:
+        handle.write("\n")
+    logger = structlog.wrap_logger(
+        structlog.PrintLogger(handle),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(default=str),
+        ],
+        context_class=dict,
+        cache_logger_on_first_use=False,
+    )
+    return logger, handle
+
+
+# -- records ----------------------------------------------------------------------------------------
+def roofline_fraction(result: dict[str, Any] | None) -> float | None:
+    """The candidate's fraction of the hardware bound (harness.roofline: roofline.candidate.fraction)."""
+    roofline = (result or {}).get("roofline")
+    achieved = roofline.get("candidate") if isinstance(roofline, dict) else None
+    value = achieved.get("fraction") if isinstance(achieved, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str, state: dict[str, Any] | None = None,
+                  finished_at: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """sample.json (docs/run-layout.md)."""
+    state = state or {}
+    result = state.get("result")
+    spent = Spent.from_dict(state.get("spent"))
+    scoring = state.get("scoring") or {}
+    record: dict[str, Any] = {
+        "schema": SAMPLE_SCHEMA,
+        "problem": spec.problem.name,
+        "category": spec.problem.category,
+        "condition": spec.condition.name,
+        "sample": spec.k,
+        "model": model,
+        "status": status,
+        "stop_reason": state.get("stop_reason"),
+        "verdict": result["verdict"] if result else NO_CODE,
+        "correct": bool(result and result.get("correct")),
+        "speedup": result.get("speedup") if result else None,
+        "flags": list(result.get("flags") or []) if result else [],
+        "roofline_fraction": roofline_fraction(result),
+        "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
+                  "cost_usd": round(spent.cost_usd, 6),
+                  # cost_usd is 0 where the price table does not list the model: this says so
+                  "cost_known": spent.cost_known,
+                  "usage_reported": spent.usage_reported},
+        "turns": spent.turns,
+        "tool_calls": dict(spent.tool_calls),
+        "wall_s": round(spent.wall_s + float(scoring.get("seconds") or 0.0), 3),
+        "gpu_s": round(spent.gpu_s + float(scoring.get("gpu_s") or 0.0), 3),
+        "candidates": len(state.get("candidates") or []),
+        "final": "final.py" if scoring.get("final") else None,
+        "scoring_seed": result.get("seed") if result else None,
+        "scoring_attempts": scoring.get("attempts", 0),
+        "started_at": started_at,
+        "finished_at": finished_at,
+    }
+    if error or state.get("error"):
+        record["error"] = error or state.get("error")
+    return record
+
+
+# -- the runner -------------------------------------------------------------------------------------
+class Runner:
+    """Runs the samples of one run directory. `run()` may be called on a fresh or a partly done run."""
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        config: RunConfig,
+        problems: Sequence[Problem],
+        *,
+        concurrency: int = 1,
+        prices: PriceTable | None = None,
+        replay: ReplaySet | None = None,
+        scheduler: DeviceScheduler | None = None,
+        model_factory: Callable[[], BaseChatModel] | None = None,
+        eval_config: EvalConfig | None = None,
+        on_sample: Callable[[dict[str, Any], bool], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise RunError(f"concurrency must be at least 1, got {concurrency}")
+        self.run_dir = run_dir
+        self.config = config
+        self.problems = list(problems)
+        self.concurrency = concurrency
+        self.prices = prices
+        self.replay = replay
+        self.scheduler = scheduler or DeviceScheduler(config.device, config.world_size)
+        self.spec = parse_model_spec(config.model)
+        self.model_factory = model_factory or self._default_model_factory
+        self.eval_config = eval_config or config.eval_config()
+        self.on_sample = on_sample
+        self.topology = topology_record(config.device)
+        self.conditions = config.parsed_conditions
+        self._abort = threading.Event()
+        self._saver: Any = None
+        self.log: Any = None
+
+    def _default_model_factory(self) -> BaseChatModel:
+        return make_chat_model(self.spec, base_url=self.config.base_url, api_key_env=self.config.api_key_env,
+                               temperature=self.config.temperature, max_output_tokens=self.config.max_reply_tokens)
+
+    # -- what to run --------------------------------------------------------------------------------
+    def plan(self) -> list[SampleSpec]:
+        """Every sample of the run, sample index first so early results cover every problem."""
+        specs: list[SampleSpec] = []
+        if any(c.kind == REPLAY for c in self.conditions):
+            if self.replay is None:
+                raise RunError("a replay run needs its solution directory")
+            condition = Condition(REPLAY)
+            for problem in self.problems:
+                files = self.replay.solutions(problem.name)
+                if self.config.samples is not None:
+                    files = files[: self.config.samples]
+                specs.extend(SampleSpec(problem, condition, k, f) for k, f in enumerate(files))
+                if not files:
+                    specs.append(SampleSpec(problem, condition, 0, None))
+            return specs
+        samples = self.config.samples or 1
+        for k in range(samples):
+            for problem in self.problems:
+                specs.extend(SampleSpec(problem, c, k) for c in self.conditions)
+        return specs
+
+    # -- running ------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        specs = self.plan()
+        summary = RunSummary(run_id=self.run_dir.path.name, total=len(specs))
+        self.log, handle = open_event_log(self.run_dir.events)
+        conn = sqlite3.connect(str(self.run_dir.checkpoints), check_same_thread=False)
+        self._saver = SqliteSaver(conn)
+        self._saver.setup()
+        lock = threading.Lock()
+        try:
+            pending: list[SampleSpec] = []
+            for spec in specs:
+                record = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k).record()
+                if record is not None and record.get("status") == FINISHED:
+                    summary.records.append(record)
+                    summary.skipped += 1
+                    if self.on_sample:
+                        self.on_sample(record, True)
+                else:
+                    pending.append(spec)
+            self.log.info("run_started", run_id=summary.run_id, total=len(specs), finished_before=summary.skipped,
+                          pending=len(pending), concurrency=self.concurrency, capacity=self.scheduler.capacity)
+
+            def one(spec: SampleSpec) -> None:
+                if self._abort.is_set():
+                    return
+                try:
+                    record = self.run_sample(spec)
+                except FatalProviderError as err:
+                    self._abort.set()
+                    with lock:
+                        summary.fatal = summary.fatal or str(err)
+                    return
+                except TransientProviderError as err:
+                    with lock:
+                        summary.interrupted.append(f"{spec.thread_id}: {err}")
+                    return
+                except Exception as err:  # an internal error ends this sample, not the run
+                    self.log.error("sample_crashed", sample=spec.thread_id, error=f"{type(err).__name__}: {err}",
+                                   traceback=traceback.format_exc())
+                    with lock:
+                        summary.errors.append(f"{spec.thread_id}: {type(err).__name__}: {err}")
+                    return
+                with lock:
+                    summary.records.append(record)
+                if self.on_sample:
+                    self.on_sample(record, False)
+
+            with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sample") as pool:
+                futures: set[Future[None]] = {pool.submit(one, spec) for spec in pending}
+                while futures:
+                    done, futures = wait(futures, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        f.result()
+                    if self._abort.is_set():
+                        for f in futures:
+                            f.cancel()
+            self.log.info("run_finished" if summary.fatal is None else "run_aborted", finished=len(summary.records),
+                          total=summary.total, infra_errors=summary.infra_errors, interrupted=len(summary.interrupted),
+                          errors=len(summary.errors), fatal=summary.fatal)
+        finally:
+            conn.close()
+            handle.close()
+        return summary
+
+    def run_sample(self, spec: SampleSpec) -> dict[str, Any]:
+        """One sample, start to sample.json; resumes from its checkpoint where one exists."""
+        sdir = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k)
+        previous = sdir.record() or {}
+        started_at = previous.get("started_at") or now()
+        log = self.log.bind(problem=spec.problem.name, condition=spec.condition.name, sample=spec.k)
+        log.info("sample_started", resumed=bool(previous))
+        write_json_atomic(sdir.sample_json, sample_record(spec, self.config.model, status=RUNNING,
+                                                          started_at=started_at))
+        try:
+            if spec.condition.kind == REPLAY:
+                state = self._replay(spec, sdir, log)
+            else:
+                state = self._model_sample(spec, sdir, log)
+        except TransientProviderError as err:
+            log.warning("sample_interrupted", error=str(err))
+            write_json_atomic(sdir.sample_json, sample_record(spec, self.config.model, status=RUNNING,
+                                                              started_at=started_at, error=str(err)))
+            raise
+        write_transcript(sdir, state.get("messages") or [], state.get("candidates") or [])
+        if state.get("result") is not None:
+            write_json_atomic(sdir.result_json, state["result"])
+        else:
+            sdir.result_json.unlink(missing_ok=True)  # left by an earlier attempt that was killed
+        record = sample_record(spec, self.config.model, status=FINISHED, started_at=started_at, state=state,
+                               finished_at=now())
+        write_json_atomic(sdir.sample_json, record)  # last: this is what makes the sample finished
+        if spec.condition.uses_model:
+            self._saver.delete_thread(spec.thread_id)  # its files hold it now; deleting the folder redoes it
+        log.info("sample_finished", stop_reason=record["stop_reason"], verdict=record["verdict"],
+                 speedup=record["speedup"], turns=record["turns"], cost_usd=record["usage"]["cost_usd"])
+        return record
+
+    def _context(self, spec: SampleSpec, sdir: SampleDir, log: Any, model: BaseChatModel | None) -> SampleContext:
+        return SampleContext(
+            problem=spec.problem, condition=spec.condition, model=model,
+            model_name=self.spec.text, directory=sdir, budget=self.config.budget, prices=self.prices,
+            config=self.eval_config, scheduler=self.scheduler, world_size=self.config.world_size,
+            device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
+            model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
+            guide_in_prompt=self.config.guide_in_prompt,
+        )
+
+    def _model_sample(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
+        thread = {"configurable": {"thread_id": spec.thread_id}, "recursion_limit": recursion_limit(self.config.budget)}
+        model = self.model_factory()
+        ctx = self._context(spec, sdir, log, model)
+        snapshot = build_graph(ctx, self._saver).get_state(thread)
+        values = snapshot.values or {}
+        if "scoring" in values:  # the score node had run; only the files were not written
+            log.info("sample_recovered")
+            return dict(values)
+        # durability="sync": a step's checkpoint is on disk before the next step starts, so a kill during a
+        # tool call resumes at that tool call (LangGraph's default writes checkpoints in the background).
+        if values:
+            ctx.model = _resumed(model, values.get("messages") or [])
+            log.info("sample_resumed", next=list(snapshot.next), turns=Spent.from_dict(values.get("spent")).turns)
+            return dict(build_graph(ctx, self._saver).invoke(None, thread, durability="sync"))
+        start = {"messages": initial_messages(ctx), "spent": Spent().as_dict(), "candidates": [],
+                 "stop_reason": None, "submitted": None}
+        return dict(build_graph(ctx, self._saver).invoke(start, thread, durability="sync"))
+
+    def _replay(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
+        state: dict[str, Any] = {"messages": [], "candidates": [], "stop_reason": REPLAYED, "result": None}
+        if spec.file is None:
+            return state
+        path = sdir.candidate(0)
+        write_bytes_atomic(path, spec.file.read_bytes())
+        write_json_atomic(path.with_suffix(".json"), {"source": "replay", "file": str(spec.file)})
+        state["candidates"] = [{"index": 0, "path": sdir.relative(path), "tool": None, "tool_call_id": None,
+                                "message_id": None, "verdict": None}]
+        write_bytes_atomic(sdir.final_py, spec.file.read_bytes())
+        scored = score_file(spec.problem, sdir.final_py, config=self.eval_config, scheduler=self.scheduler,
+                            world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
+                            log_dir=sdir.logs, log=log)
+        state["result"] = scored.result.model_dump(mode="json")
+        state["scoring"] = {"seconds": scored.seconds, "gpu_s": scored.gpu_s, "attempts": scored.attempts,
+                            "final": sdir.relative(path)}
+        log.info("scored", file=str(spec.file), verdict=scored.result.verdict, seed=scoring_seed(self.eval_config.seed))
+        return state
+
+
+def _resumed(model: BaseChatModel, messages: list[Any]) -> BaseChatModel:
+    """A scripted model picks up at the reply the checkpoint is waiting for (a real one needs nothing)."""
+    answered = sum(1 for m in messages if isinstance(m, AIMessage))
+    if isinstance(model, ScriptedChatModel) and answered:
+        return ScriptedChatModel(script=model.script[answered:], script_name=model.script_name, usage=model.usage)
+    return model
