@@ -182,38 +182,41 @@ def structure_issue(expected: Any, got: Any) -> str | None:
     return None
 
 
-def count_mismatches(expected: Any, got: Any, atol: float, rtol: float) -> torch.Tensor:
+def count_mismatches(expected: Any, got: Any, atol: float, rtol: float, chunk: int = 1 << 24) -> torch.Tensor:
     """Number of elements of `got` outside tolerance, as a 0-dim int64 tensor on the outputs' device.
 
     The rule of compare_tensors (NaN never passes, an infinity must match an infinity of the same
-    sign, integers compare exactly), queued on the current stream without synchronizing. Call
-    structure_issue first: this assumes matching structure, shapes and dtypes.
+    sign, integers compare exactly), queued on the current stream without synchronizing, in chunks so
+    the float64 temporaries stay small. Call structure_issue first: this assumes matching structure,
+    shapes and dtypes.
     """
     total: torch.Tensor | None = None
     for (_, e), (_, g) in zip(flatten(expected), flatten(got)):
         if not isinstance(e, torch.Tensor) or e.numel() == 0:
             continue
-        g = g.detach().to(e.device)
-        if not (e.is_floating_point() or e.is_complex()):
-            bad = (g != e).sum()
-        else:
-            wide = torch.complex128 if e.is_complex() else torch.float64
-            gd, ed = g.to(wide), e.detach().to(wide)
-            diff = (gd - ed).abs()
-            if e.is_complex():
-                nan = torch.isnan(gd.real) | torch.isnan(gd.imag) | torch.isnan(ed.real) | torch.isnan(ed.imag)
-                inf = torch.isinf(gd.abs()) ^ torch.isinf(ed.abs())
-                diff = diff.real
-            else:
-                nan = torch.isnan(gd) | torch.isnan(ed)
-                inf = torch.isinf(gd) ^ torch.isinf(ed)
-            limit = atol + rtol * ed.abs()
-            if e.is_complex():
-                limit = limit.real
-            # Two infinities of the same sign match (their diff is NaN, as in compare_tensors); of
-            # opposite signs, or an infinity against a finite value, the diff is infinite.
-            bad = (nan | inf | torch.isinf(diff) | (diff > limit)).sum()
-        total = bad if total is None else total + bad
+        e_flat, g_flat = e.detach().reshape(-1), g.detach().to(e.device).reshape(-1)
+        for start in range(0, e_flat.numel(), chunk):
+            bad = _bad_elements(e_flat[start:start + chunk], g_flat[start:start + chunk], atol, rtol).sum()
+            total = bad if total is None else total + bad
     if total is None:
         return torch.zeros((), dtype=torch.int64)
     return total
+
+
+def _bad_elements(e: torch.Tensor, g: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    if not (e.is_floating_point() or e.is_complex()):
+        return g != e
+    wide = torch.complex128 if e.is_complex() else torch.float64
+    gd, ed = g.to(wide), e.to(wide)
+    diff = (gd - ed).abs()
+    if e.is_complex():
+        nan = torch.isnan(gd.real) | torch.isnan(gd.imag) | torch.isnan(ed.real) | torch.isnan(ed.imag)
+        inf = torch.isinf(gd.abs()) ^ torch.isinf(ed.abs())
+        diff, limit = diff.real, (atol + rtol * ed.abs()).real
+    else:
+        nan = torch.isnan(gd) | torch.isnan(ed)
+        inf = torch.isinf(gd) ^ torch.isinf(ed)
+        limit = atol + rtol * ed.abs()
+    # Two infinities of the same sign match (their diff is NaN, as in compare_tensors); of opposite
+    # signs, or an infinity against a finite value, the diff is infinite.
+    return nan | inf | torch.isinf(diff) | (diff > limit)

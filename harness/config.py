@@ -1,11 +1,13 @@
-"""Evaluation settings: trials, seeds, timing and the time limit of every phase, in one typed place."""
+"""Evaluation settings: trials, seeds, timing, the time limit of every phase and the integrity checks,
+in one typed place."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class TimingConfig(BaseModel):
@@ -35,11 +37,41 @@ class Limits(BaseModel):
     grace_s: float = Field(5.0, gt=0, description="wait for the other ranks once one has failed")
 
 
+class IntegrityChecks(BaseModel):
+    """Settings of the integrity checks (harness.integrity.IntegrityConfig, which the rank workers read:
+    they cannot import pydantic). A field left None takes the device's default (CPU and GPU differ in
+    delays and margins); a misspelt name is an error, not a silently ignored setting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    audit: bool | None = Field(None, description="one trial drawn before the candidate loads, judged in the "
+                                                 "harness process")
+    stress_trials: int | None = Field(None, ge=0, description="correctness trials with one rank late")
+    stress_delay_s: float | None = Field(None, ge=0, description="how late the late rank starts")
+    precision_probe: bool | None = Field(None, description="a trial whose inputs expose a reduced-precision path")
+    lazy_delay_s: float | None = Field(None, ge=0, description="pause before re-reading an output")
+    fresh_iters: int | None = Field(None, ge=0, description="timed calls on never-seen inputs (input caching)")
+    completion_probes: int | None = Field(None, ge=0, description="untimed calls after timing, outputs "
+                                                                 "snapshotted at return")
+    busy_bytes: int | None = Field(None, ge=4, description="GPU: low-priority work around a completion probe")
+    guard: bool | None = Field(None, description="verify harness and runtime callables after every request")
+    caching_ratio: float | None = Field(None, ge=1.0, description="fresh median above ratio * median + margin "
+                                                                  "reads as input caching")
+    caching_margin_ms: float | None = Field(None, ge=0)
+    impossible_slack: float | None = Field(None, gt=0, le=1.0, description="median below slack * roofline "
+                                                                          "bound reads as impossible")
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings given, for IntegrityConfig.coerce to lay over the device's defaults."""
+        return self.model_dump(exclude_none=True)
+
+
 class EvalConfig(BaseModel):
     trials: int = Field(5, ge=2, description="correctness trials; >= 2 so a stale answer shows")
     seed: int = 0
     timing: TimingConfig = Field(default_factory=TimingConfig)
     limits: Limits = Field(default_factory=Limits)
+    integrity: IntegrityChecks = Field(default_factory=IntegrityChecks)
     skip_timing: bool = False
     use_reference_cache: bool = True
 

@@ -5,7 +5,11 @@ A sample record is a mapping shaped like docs/run-layout.md's sample.json. Only 
 left out of n. Per problem with n samples of which c are correct:
 
     pass@k   = 1 - C(n-c, k) / C(n, k)        (the unbiased estimator; needs n >= k)
-    fast_p@k = the same with f = samples that are correct AND have a measured speedup > p
+    fast_p@k = the same with f = samples that are correct AND have a measured speedup > p that counts
+
+A speedup counts unless the sample is flagged not fast-eligible (`fast_eligible: false` in the record,
+or, in a record without that field, a flag of harness.flags.SPEEDUP_DISQUALIFIERS such as uses_nccl or
+impossible): such a sample is correct, and never fast. Speedup statistics use counted speedups only.
 
 Over problems a metric is the plain mean, with a percentile-bootstrap 95% interval that resamples
 problems (explicit seed). Two conditions are compared per problem on the problems both have: the mean
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from harness import failures
+from harness.flags import fast_eligible
 
 NO_CODE = "no_code"
 # Failure-class labels in PKB's taxonomy, in the order reports show them; no_code is ours (no candidate).
@@ -67,19 +72,40 @@ class ProblemScore:
     condition: str
     n: int
     correct: int
-    speedups: tuple[float, ...]  # of correct samples with a measured speedup, in sample order
+    speedups: tuple[float, ...]  # counted speedups (see counted_speedup) of correct samples, in sample order
     roofline_fractions: tuple[float, ...]  # of correct samples that have one
     verdicts: tuple[str, ...]  # every sample's verdict, in sample order
+    not_counted: int = 0  # correct, timed samples whose speedup does not count (not fast-eligible)
 
     def pass_at(self, k: int) -> float:
         return pass_at_k(self.n, self.correct, k)
 
     def fast_count(self, p: float) -> int:
-        """Samples that are correct with a measured speedup above p (an untimed sample is never fast)."""
+        """Samples that are correct with a counted speedup above p (is_fast; an untimed sample is never
+        fast)."""
         return sum(1 for s in self.speedups if s > p)
 
     def fast_at(self, p: float, k: int) -> float:
         return fast_p_at_k(self.n, self.fast_count(p), k)
+
+
+def counted_speedup(record: SampleRecord) -> float | None:
+    """The sample's speedup if it may count toward fast_p and speedup statistics: correct, timed, and
+    fast-eligible. None otherwise."""
+    speedup = record.get("speedup")
+    if not record.get("correct") or speedup is None:
+        return None
+    eligible = record.get("fast_eligible")
+    if eligible is None:  # a record written before the field existed: judge by its flags
+        eligible = fast_eligible(list(record.get("flags") or []))
+    return float(speedup) if eligible else None
+
+
+def is_fast(record: SampleRecord, p: float) -> bool:
+    """Correct, with a speedup above p that counts: a correct sample flagged uses_nccl, impossible,
+    input_caching, ... is never fast, whatever it measured."""
+    speedup = counted_speedup(record)
+    return speedup is not None and speedup > p
 
 
 def finished(records: Iterable[SampleRecord]) -> list[SampleRecord]:
@@ -106,10 +132,11 @@ def score_problems(records: Iterable[SampleRecord]) -> dict[str, list[ProblemSco
             condition=condition,
             n=len(rows),
             correct=len(ok),
-            speedups=tuple(float(r["speedup"]) for r in ok if r.get("speedup") is not None),
+            speedups=tuple(s for s in map(counted_speedup, ok) if s is not None),
             roofline_fractions=tuple(float(r["roofline_fraction"]) for r in ok
                                      if r.get("roofline_fraction") is not None),
             verdicts=tuple(str(r.get("verdict", NO_CODE)) for r in rows),
+            not_counted=sum(1 for r in ok if r.get("speedup") is not None and counted_speedup(r) is None),
         ))
     return out
 
@@ -186,7 +213,7 @@ def fast_p_curve(scores: Sequence[ProblemScore], k: int,
 
 # -- speedups, roofline, failures, usage ------------------------------------------------------------
 def geomean_speedup(scores: Sequence[ProblemScore]) -> float | None:
-    """Geometric mean of the speedups of all correct, timed samples; None when there are none."""
+    """Geometric mean of the counted speedups (correct, timed, fast-eligible samples); None for none."""
     values = [v for s in scores for v in s.speedups if v > 0]
     if not values:
         return None

@@ -1,13 +1,17 @@
 """Nsight Compute metrics of one rank while the other ranks run free. Parent-side.
 
-Kernels that wait on a peer (NCCL, and every symmetric-memory kernel that spins on a signal) cannot be
-profiled the usual way: kernel replay restores memory and runs a kernel again, and on the second pass
-the peer's signal never comes (the peer has moved on), so the run hangs. So:
+Kernels that wait on a peer (NCCL, and every symmetric-memory kernel that spins on a signal) are hard
+to profile: each pass of ncu's replay runs the kernel again, and a kernel whose wait needs a fresh
+signal from a peer that has moved on hangs. So:
 - only one rank runs under `ncu` (RankPool's rank_prefix); its peers run at full speed and answer its
   signals, however slowly it goes;
-- every metric set is chosen to need a single pass, and `--replay-mode application` is the default:
-  were a second pass needed, ncu would relaunch the application (which fails fast: the worker's pipes
-  belong to the first launch) instead of replaying a kernel that waits forever;
+- `--replay-mode kernel` is the default. Measured on 2x H200 (docs/profiling.md): the `core` set needs
+  3 passes there, application replay then has to relaunch the application, which the rank worker
+  cannot survive (its pipes belong to the pool), and no report came within 60 s; kernel replay
+  collected in 12 s, because kernels whose barriers count epochs that only grow find the peer's signal
+  still there on a replayed pass. A kernel that resets its flags (NCCL's may) can still hang under
+  replay; the time budget bounds that and the report says so. `replay="application"` remains for
+  metric lists that fit one pass;
 - `--cache-control none` (no cache flush between passes) and `--clock-control none`: clocks are never
   locked, and the GPU's settings are never touched;
 - `--profile-from-start off`: only the profiled calls count (the worker brackets them with
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Metric sets sized for a single pass each (duration, launch statistics and a few counters).
+# Small metric sets (duration, launch statistics and a few counters): few passes each under kernel replay.
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "core": (
         "gpu__time_duration.sum",
@@ -120,7 +124,7 @@ def resolve_sets(selection: Sequence[str] | None) -> list[tuple[str, tuple[str, 
     return sets
 
 
-def ncu_command(ncu: str, report: Path, metrics: Sequence[str], *, replay: str = "application",
+def ncu_command(ncu: str, report: Path, metrics: Sequence[str], *, replay: str = "kernel",
                 launch_count: int = 64) -> list[str]:
     return [ncu, "--target-processes", "application-only", "--replay-mode", replay, "--cache-control", "none",
             "--clock-control", "none", "--profile-from-start", "off", "--launch-count", str(launch_count),
@@ -294,9 +298,12 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
     run.passes = parse_passes(log)
     said = log_problems(log)
     multi = {k: n for k, n in run.passes.items() if n > 1}
-    if multi:
-        said.append(f"{len(multi)} kernel(s) needed more than one pass ({max(multi.values())}): this metric set does "
-                    "not fit one pass here, so kernels that wait on peers cannot be measured with it")
+    if multi and replay == "application":
+        said.append(f"{len(multi)} kernel(s) needed more than one pass ({max(multi.values())}): under application "
+                    "replay that means relaunching the rank, which cannot work; use kernel replay")
+    elif multi:
+        said.append(f"{len(multi)} kernel(s) replayed in {max(multi.values())} passes (kernel replay): counters come "
+                    "from different passes of the same launch")
     if run.status == "timeout" or not report.exists():
         run.message = "; ".join(x for x in [run.message, *said] if x) or "ncu wrote no report"
         return run, [], set()
@@ -324,7 +331,7 @@ def _import(ncu: str, report: Path, metrics: Sequence[str],
 
 def collect(problem: Any, candidate: Path | None, *, world_size: int, device: str, shape: str, seed: int = 0,
             rank: int = 0, budget_s: float = 60.0, metrics: Sequence[str] | None = None,
-            replay: str = "application", calls: int = 2, warmup: int = 2, launch_count: int = 64) -> NcuReport:
+            replay: str = "kernel", calls: int = 2, warmup: int = 2, launch_count: int = 64) -> NcuReport:
     """Nsight Compute metrics of rank `rank`, one ncu run per metric set while the budget lasts. Never
     raises for what ncu cannot do: the report says what was not collected and why."""
     started = time.monotonic()

@@ -1,7 +1,12 @@
-"""A group of W rank processes that the harness can always kill.
+"""A group of W rank processes that the harness can always kill, and whose verdicts it can trust.
 
-Each rank is a `python -m harness.worker` process in its own session (so killing its process group
-also kills anything the candidate spawned). Requests and replies travel on private pipes; the
+Each rank is a `python -m harness.worker` process in its own session; killing the pool kills every
+process left in those sessions (a compiler under ninja, anything the candidate spawned), not just the
+ranks' process groups. Requests travel on private pipes; replies too, but a candidate runs inside the
+rank and can write to its reply pipe, so every pool is sealed: once the ranks are up, and before any
+candidate or reference code is imported, each rank gets a random key on its request pipe, and from
+then on every reply is JSON with an HMAC over the request's nonce and the body (harness.channel). The
+parent reads raw bytes with a deadline and never unpickles what a rank wrote after that point. The
 candidate's stdout and stderr go to per-rank log files. Rendezvous uses a FileStore in a private
 temporary folder: no port is opened, so none can be left behind.
 """
@@ -9,7 +14,9 @@ temporary folder: no port is opened, so none can be left behind.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -19,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from harness import failures
+from harness import channel, failures
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +74,8 @@ def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
 
 
 class RankPool:
-    """W worker processes joined in one process group. Use as a context manager."""
+    """W worker processes joined in one process group, with a sealed reply channel. Use as a context
+    manager."""
 
     def __init__(self, world_size: int, device: str = "cpu", *, start_timeout: float = 120.0,
                  env: dict[str, str] | None = None, keep_logs: Path | None = None,
@@ -87,6 +95,11 @@ class RankPool:
         self.ranks: list[_Rank] = []
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.start_seconds = 0.0
+        # The reply channel: one key per rank once sealed (None before), the current request's nonce,
+        # and the bytes read from each rank's reply pipe that do not yet make a whole frame.
+        self._keys: dict[int, bytes] | None = None
+        self._nonce = ""
+        self._buffers: dict[int, bytearray] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RankPool:
@@ -128,8 +141,29 @@ class RankPool:
             self.kill()
             raise PoolError(f"rank {bad[0]['rank']} failed to start: {bad[0].get('message')}\n"
                             f"{bad[0].get('evidence', '')}")
+        self._seal()
         self.start_seconds = time.perf_counter() - started
         return self
+
+    def _seal(self) -> None:
+        """Give each rank its reply key. The worker has imported nothing but the harness yet (no problem,
+        no candidate), so the key reaches it before anything untrusted runs in its process; the key
+        never appears in its environment or command line."""
+        keys = {r.rank: secrets.token_bytes(32) for r in self.ranks}
+        self._nonce = secrets.token_hex(16)
+        try:
+            for r in self.ranks:
+                r.requests.send({"op": "seal", "key": keys[r.rank], "nonce": self._nonce})
+            self._keys = keys
+            self._buffers = {r.rank: bytearray() for r in self.ranks}
+            replies = self._collect(self.start_timeout, grace=5.0)
+        except (Hang, OSError) as err:
+            self.kill()
+            raise PoolError(f"rank processes did not take their reply keys: {err}") from err
+        bad = [r for r in replies.values() if not r.get("ok")]
+        if bad:
+            self.kill()
+            raise PoolError(f"rank {bad[0].get('rank')} failed to seal its channel: {bad[0].get('message')}")
 
     def __enter__(self) -> RankPool:
         return self.start() if not self.ranks else self
@@ -140,6 +174,10 @@ class RankPool:
     @property
     def alive(self) -> bool:
         return bool(self.ranks) and all(r.proc.poll() is None for r in self.ranks)
+
+    @property
+    def sealed(self) -> bool:
+        return self._keys is not None
 
     def pids(self) -> list[int]:
         return [r.proc.pid for r in self.ranks]
@@ -160,17 +198,23 @@ class RankPool:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL every rank's whole process group, reap them, close pipes, remove the temp folder."""
+        """SIGKILL every rank's whole session, reap the ranks, close pipes, remove the temp folder.
+
+        A process group is not enough: ninja starts every compiler in a group of its own and any code
+        can call setpgid, but only setsid leaves the session each rank leads (start_new_session)."""
         for r in self.ranks:
             try:
                 os.killpg(r.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            channel.kill_session(r.proc.pid)
         for r in self.ranks:
             try:
                 r.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
+            # What left the rank's process group and was started after the first sweep.
+            channel.kill_session(r.proc.pid)
             for conn in (r.requests, r.replies):
                 try:
                     conn.close()
@@ -182,6 +226,8 @@ class RankPool:
                 if r.log.exists():
                     (self.keep_logs / r.log.name).write_bytes(r.log.read_bytes()[-200_000:])
         self.ranks = []
+        self._keys = None
+        self._buffers = {}
         if self.tmp is not None:
             self.tmp.cleanup()
             self.tmp = None
@@ -195,8 +241,9 @@ class RankPool:
         """
         if not self.alive:
             raise PoolError("the rank pool is not running")
+        self._nonce = secrets.token_hex(16)  # a reply to an earlier request can never pass for this one's
         for r in self.ranks:
-            r.requests.send(message)
+            r.requests.send({**message, "nonce": self._nonce})
         replies = self._collect(timeout, grace)
         return [replies[i] for i in range(self.world_size)]
 
@@ -204,30 +251,75 @@ class RankPool:
         deadline = time.monotonic() + timeout
         replies: dict[int, dict[str, Any]] = {}
         by_conn = {r.replies: r for r in self.ranks}
+
+        def take(r: _Rank, reply: dict[str, Any] | None) -> None:
+            nonlocal deadline
+            if reply is None:
+                return  # part of a message: keep reading until the deadline
+            replies[r.rank] = reply
+            if not reply.get("ok"):
+                deadline = min(deadline, time.monotonic() + grace)
+
+        if self._keys is not None:
+            for r in self.ranks:  # a frame already buffered (extra bytes from an earlier read) comes first
+                take(r, self._parse(r))
         while len(replies) < self.world_size:
-            pending = [r.replies for r in self.ranks if r.rank not in replies]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(self.world_size)) - set(replies))
                 raise Hang(missing, replies, timeout)
+            pending = [r.replies for r in self.ranks if r.rank not in replies]
             for conn in wait(pending, timeout=min(remaining, 0.5)):
                 r = by_conn[conn]
-                try:
-                    reply = conn.recv()
-                except (EOFError, OSError):
-                    reply = self._death_reply(r)
-                replies[r.rank] = reply
-                if not reply.get("ok"):
-                    deadline = min(deadline, time.monotonic() + grace)
+                take(r, self._read_sealed(r) if self._keys is not None else self._read_startup(r))
         return replies
 
+    def _read_startup(self, r: _Rank) -> dict[str, Any]:
+        """Before sealing only the worker's own code has run (no problem, no candidate): pickle is safe."""
+        try:
+            return r.replies.recv()
+        except (EOFError, OSError):
+            return self._death_reply(r)
+
+    def _read_sealed(self, r: _Rank) -> dict[str, Any] | None:
+        """What is readable now on rank r's reply pipe: a reply, or None for 'not a whole frame yet'."""
+        try:
+            chunk = os.read(r.replies.fileno(), 1 << 20)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return self._death_reply(r)
+        self._buffers[r.rank] += chunk
+        return self._parse(r)
+
+    def _parse(self, r: _Rank) -> dict[str, Any] | None:
+        """One signed reply from rank r's buffered bytes, a tampering reply, or None for 'not yet'."""
+        buf = self._buffers[r.rank]
+        if len(buf) < 4:
+            return None
+        (size,) = struct.unpack("!i", bytes(buf[:4]))  # multiprocessing.Connection's frame header
+        if size < 0 or size > channel.MAX_REPLY_BYTES:
+            buf.clear()
+            return channel.forged_reply(r.rank, f"a reply announced {size} bytes")
+        if len(buf) < 4 + size:
+            return None
+        frame = bytes(buf[4:4 + size])
+        del buf[:4 + size]
+        assert self._keys is not None
+        reply = channel.open_sealed(frame, self._keys[r.rank], self._nonce)
+        if reply is None or reply.get("rank") != r.rank:
+            return channel.forged_reply(r.rank, "a reply failed authentication")
+        return reply
+
     def _death_reply(self, r: _Rank) -> dict[str, Any]:
+        """The reply of a rank whose process is gone. `died` marks it as the root failure: its peers then
+        fail on the broken connection, and their replies must not be taken for the cause."""
         try:
             code = r.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return {"ok": False, "rank": r.rank, "verdict": failures.RUNTIME_ERROR,
+        return {"ok": False, "rank": r.rank, "verdict": failures.RUNTIME_ERROR, "died": True,
                 "message": f"rank {r.rank} process {how}", "evidence": self._log_tail(r)}
 
     def _log_tail(self, r: _Rank, limit: int = 3000) -> str:

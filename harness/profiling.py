@@ -435,7 +435,7 @@ def _ask(pool: Any, message: dict[str, Any], timeout: float, what: str) -> list[
 def profile(problem: Any, candidate: Path | None, *, world_size: int, device: str, shape: str, seed: int = 0,
             warmup: int = 3, iters: int = 5, timeout: float = 300.0, ncu: bool = False, ncu_rank: int = 0,
             ncu_budget_s: float = 60.0, ncu_metrics: Sequence[str] | None = None,
-            ncu_replay: str = "application") -> ProfileReport:
+            ncu_replay: str = "kernel") -> ProfileReport:
     """Profile `candidate` (None: the reference) on `world_size` ranks; on GPUs optionally add Nsight
     Compute metrics of one rank (harness.ncu). Raises ProfileError when the candidate cannot run."""
     from harness.compile import compile_candidate, extensions_dir
@@ -446,7 +446,7 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape, "candidate": None}
     if candidate is not None:
         candidate = Path(candidate).resolve()
-        built = compile_candidate(candidate, 180.0, device)
+        built = compile_candidate(candidate, 180.0, device, problem=problem.loader_spec)
         if not built.ok:
             raise ProfileError(built.message, built.verdict, built.evidence)
         base["candidate"] = str(candidate)

@@ -54,6 +54,13 @@ class TimingStats(BaseModel):
     rank_medians_ms: list[float]
     clock: Literal["cuda_events", "host"]
     cached: bool = False
+    fresh_median_ms: float | None = Field(
+        None, description="median over iterations on never-seen inputs (max over ranks); much slower than "
+                          "median_ms means the candidate caches answers by input")
+    fresh_iterations: int = 0
+    fresh_pair_median_ms: float | None = Field(
+        None, description="median of the rotated-input iterations interleaved with the fresh ones (the "
+                          "comparison fresh_median_ms is judged against)")
 
     @classmethod
     def from_ranks(cls, replies: list[dict[str, Any]], clock: str) -> TimingStats:
@@ -63,6 +70,8 @@ class TimingStats(BaseModel):
         rank_medians = [statistics.median(t) for t in per_rank]
         mean = statistics.fmean(per_iter)
         qs = statistics.quantiles(per_iter, n=10, method="inclusive") if len(per_iter) > 1 else per_iter * 9
+        fresh = [max(vals) for vals in zip(*(r.get("fresh_ms") or [] for r in replies))]
+        pairs = [max(vals) for vals in zip(*(r.get("fresh_pair_ms") or [] for r in replies))]
         return cls(
             median_ms=statistics.median(per_iter),
             p10_ms=qs[0],
@@ -76,6 +85,9 @@ class TimingStats(BaseModel):
             slowest_rank=max(range(len(rank_medians)), key=rank_medians.__getitem__),
             rank_medians_ms=rank_medians,
             clock=clock,  # type: ignore[arg-type]
+            fresh_median_ms=statistics.median(fresh) if fresh else None,
+            fresh_iterations=len(fresh),
+            fresh_pair_median_ms=statistics.median(pairs) if pairs else None,
         )
 
 
@@ -107,6 +119,12 @@ class EvalResult(BaseModel):
     speedup: float | None = None
     roofline: dict[str, Any] | None = None
     flags: list[str] = Field(default_factory=list)
+    fast_eligible: bool = Field(
+        True, description="False when a flag (harness.integrity.SPEEDUP_DISQUALIFIERS: uses_nccl, impossible, "
+                          "input_caching, ...) means the speedup must not count toward fast_p")
+    integrity: dict[str, Any] = Field(
+        default_factory=dict, description="evidence behind the integrity flags: the secret input salt, "
+                                          "static findings, collectives inside candidate calls, notes")
     seed: int
     trials: int
     stages: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
@@ -117,6 +135,11 @@ class EvalResult(BaseModel):
     @property
     def failure_class(self) -> str:
         return self.verdict
+
+    @property
+    def counted_speedup(self) -> float | None:
+        """The speedup that fast_p may count: None unless correct, timed and free of disqualifying flags."""
+        return self.speedup if self.correct and self.fast_eligible else None
 
     def summary_line(self) -> str:
         if self.correct and self.speedup is not None:

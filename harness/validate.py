@@ -1,7 +1,8 @@
 """Validating problems: each distributed reference, under gloo, against its single-process oracle.
 
-Rank processes are trusted here (our own references), so one pool per world size serves every
-problem; a problem that fails or hangs costs a pool restart, not the run.
+One pool per world size serves every problem; a problem that fails or hangs costs a pool restart, not
+the run. Problems from a PKB checkout have no oracle: harness.pkb_compat.validate_pkb_problems checks
+what can be checked without one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness import failures
+from harness import failures, pkb_compat
 from harness.contract_checks import input_problems, metadata_problems
 from harness.pool import Hang, PoolError, RankPool
 from harness.problem import Problem
@@ -40,7 +41,12 @@ def validate_problems(
     timeout: float = 60.0,
     on_result: Callable[[Validation], None] | None = None,
 ) -> list[Validation]:
+    pkb = [p for p in problems if p.origin == "pkb"]
     results: list[Validation] = []
+    if pkb:
+        results += pkb_compat.validate_pkb_problems(pkb, world_sizes, shape=shape, trials=trials, seed=seed,
+                                                    timeout=timeout, on_result=on_result)
+        problems = [p for p in problems if p.origin != "pkb"]
 
     def record(v: Validation) -> None:
         results.append(v)
@@ -66,12 +72,16 @@ def validate_problems(
                 try:
                     replies = pool.request(request, timeout=timeout)
                 except Hang as hang:
-                    pool.kill()
-                    pool = None
-                    record(Validation(problem.name, problem.category, world_size, False, failures.DEADLOCK,
-                                      str(hang), time.perf_counter() - started))
-                    continue
-                bad = [r for r in replies if not r.get("ok")]
+                    failed = [r for r in hang.replies.values() if not r.get("ok")]
+                    if not failed:
+                        pool.kill()
+                        pool = None
+                        record(Validation(problem.name, problem.category, world_size, False, failures.DEADLOCK,
+                                          str(hang), time.perf_counter() - started))
+                        continue
+                    # A rank failed and its peers were left waiting: the failure is the finding, not a hang.
+                    replies = [*failed, *(r for r in hang.replies.values() if r.get("ok"))]
+                bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: r.get("rank", 0))
                 if bad:
                     pool.kill()  # a rank that failed mid-collective leaves the group unusable
                     pool = None

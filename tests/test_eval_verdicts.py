@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from agent.cli import main as pkb
-from harness.config import EvalConfig, Limits, TimingConfig
+from harness.config import EvalConfig, IntegrityChecks, Limits, TimingConfig
 from harness.evaluate import evaluate
+from harness.integrity import IntegrityConfig
 from harness.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children, pid_alive
 
@@ -33,6 +36,29 @@ def test_correct_alternative_is_correct_and_timed(all_reduce):
     assert r.timings.candidate.iterations == 10 and r.timings.candidate.clock == "host"
     assert set(r.stages) >= {"compile", "launch", "load", "check", "timing"}
     assert r.max_abs_err is not None and r.max_abs_err < 0.05
+    # It all-gathers inside solution(): correct, flagged, and never counted as fast.
+    assert "uses_nccl" in r.flags and not r.fast_eligible and r.counted_speedup is None
+    assert all(c["calls"].get("all_gather", 0) > 0 for c in r.integrity["collectives"]["check"].values())
+    assert r.timings.candidate.fresh_iterations == 5 and r.timings.candidate.fresh_median_ms > 0
+
+
+def test_integrity_checks_are_configured_in_eval_config(all_reduce):
+    """EvalConfig.integrity lays its settings over the device's defaults, is recorded with the result,
+    and decides which checks run."""
+    assert {f.name for f in fields(IntegrityConfig)} == set(IntegrityChecks.model_fields)
+    with pytest.raises(pydantic.ValidationError):
+        IntegrityChecks(audti=False)  # a misspelt check is an error, not a silently ignored setting
+    config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True,
+                        integrity=IntegrityChecks(audit=False, stress_trials=0))
+    r = evaluate(all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cpu", shape="small",
+                 config=config)
+    assert r.verdict == "correct"
+    checks = r.integrity["checks"]
+    assert checks["audit"] is False and checks["stress_trials"] == 0
+    assert checks["precision_probe"] is IntegrityConfig.for_device("cpu").precision_probe  # a default kept
+    assert "audit" not in r.stages
+    assert r.config["integrity"]["audit"] is False and r.config["integrity"]["guard"] is None
+    assert live_children() == []
 
 
 def test_syntax_error_is_compile_error(all_reduce):
@@ -90,6 +116,7 @@ def test_mutating_inputs_fails(all_reduce):
     r = run(all_reduce, "mutates_inputs.py")
     assert r.verdict == "output_mismatch"
     assert "mutates_inputs" in r.flags
+    assert r.failure.phase == "check" and r.failure.trial == 0
 
 
 def test_stale_result_fails(all_reduce):

@@ -79,6 +79,25 @@ def test_fast_p_counts_only_correct_and_faster_samples():
     assert score.pass_at(2) == pytest.approx(1.0)  # only one failure, k = 2
 
 
+def test_a_correct_sample_that_is_not_fast_eligible_is_never_fast():
+    """uses_nccl, impossible, input_caching...: correct (pass@k counts it), never fast, and its speedup
+    stays out of speedup statistics. A record without `fast_eligible` is judged by its flags."""
+    rows = [sample("a", 0, "correct", 3.0, fast_eligible=False, flags=["uses_nccl"]),
+            sample("a", 1, "correct", 2.0, fast_eligible=True, flags=["output_reused"]),
+            sample("a", 2, "correct", 5.0, flags=["impossible"]),  # an older record: no fast_eligible
+            sample("a", 3, "correct", 1.5, flags=[])]
+    assert [metrics.is_fast(r, 1.0) for r in rows] == [False, True, False, True]
+    assert [metrics.counted_speedup(r) for r in rows] == [None, 2.0, None, 1.5]
+    assert not metrics.is_fast(sample("b", 0, "output_mismatch", 9.0, fast_eligible=True), 1.0)
+    assert not metrics.is_fast(sample("b", 1, "correct", None, fast_eligible=True), 0.0)
+    (score,) = score_problems(rows)["zero-shot"]
+    assert (score.correct, score.speedups, score.not_counted) == (4, (2.0, 1.5), 2)
+    assert score.pass_at(1) == 1.0
+    assert score.fast_count(1.0) == 2 and score.fast_count(2.5) == 0  # the 3x and 5x samples do not count
+    assert score.fast_at(1.0, 1) == pytest.approx(2 / 4)
+    assert geomean_speedup([score]) == pytest.approx(math.sqrt(2.0 * 1.5))
+
+
 def test_fast_p_curve_is_monotone_from_0_to_3():
     rows = [sample("a", i, "correct", s) for i, s in enumerate((0.5, 1.2, 2.5))] + [
         sample("b", i, v, s) for i, (v, s) in enumerate((("correct", 1.1), ("deadlock", None), ("correct", 3.5)))]

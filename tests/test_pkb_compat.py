@@ -11,10 +11,12 @@ import torch
 from agent.cli_common import CliError
 from agent.cli_source import one_in, resolve_source, select_in
 from harness import pkb_compat
+from harness.compile import compile_candidate
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
 from harness.problem import MalformedProblem, load_problem_spec
 from harness.seeds import rank_seed
+from harness.validate import validate_problems
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKOUT = FIXTURES / "pkb_checkout"
@@ -121,6 +123,25 @@ def test_validation_runs_each_reference_and_says_there_is_no_oracle(problems):
     assert "re-drawn per trial" in results[0].message
 
 
+def test_validate_problems_routes_pkb_problems_to_the_no_oracle_check(problems):
+    (v,) = validate_problems(problems[:1], [2], trials=2)
+    assert v.ok and v.problem == "1_all_reduce" and "no oracle" in v.message
+
+
+def test_precompile_makes_the_checkouts_utils_importable(problems, tmp_path: Path):
+    """A PKB solution imports the checkout's `utils` first thing; the build step (a separate process)
+    must load the problem before the candidate, as the rank workers do, or it never reaches the build."""
+    solution = tmp_path / "1_all_reduce_cuda.py"
+    solution.write_text("from utils.input_output_tensors import create_input_tensor  # noqa: F401\n"
+                        "from torch.utils.cpp_extension import load_inline  # noqa: F401 (a native build)\n\n"
+                        "def solution(tensor):\n    return tensor.clone()\n")
+    alone = compile_candidate(solution, 120.0, "cpu")
+    assert alone.ok and alone.native and "ModuleNotFoundError" in alone.evidence
+    with_problem = compile_candidate(solution, 120.0, "cpu", problem=problems[0].loader_spec)
+    assert with_problem.ok and with_problem.native and "import raised" not in with_problem.evidence, \
+        with_problem.evidence
+
+
 def test_validation_rejects_a_reference_that_mutates_its_inputs(tmp_path: Path):
     root = tmp_path / "checkout"
     shutil.copytree(CHECKOUT, root)
@@ -140,6 +161,9 @@ def test_solution_set_is_scored_end_to_end_on_cpu(problems, tmp_path: Path):
         result = evaluate(p, path, world_size=2, device="cpu", shape="small", config=config)
         assert result.verdict == "correct", (p.name, result.failure)
         assert result.origin == "pkb" and result.speedup is not None and result.speedup > 0
+        # What PKB's generator did to the inputs is on the record (problems 1 and 3 fill constants that
+        # do not change between trials: re-drawn; problem 2 draws fresh ones).
+        assert (pkb_compat.FLAG_PERTURBED in result.flags) == (p.name != "2_all_gather"), result.flags
     wrong = tmp_path / "1_all_reduce_cuda.py"  # forgets to communicate: must be caught
     wrong.write_text("def solution(tensor):\n    return tensor.clone()\n")
     result = evaluate(problems[0], wrong, world_size=2, device="cpu", shape="small", config=config)

@@ -230,7 +230,7 @@ def test_metric_sets_and_the_command_never_locks_clocks():
         return cmd[cmd.index(flag) + 1]
 
     assert value("--clock-control") == "none" and value("--cache-control") == "none"
-    assert value("--replay-mode") == "application" and value("--profile-from-start") == "off"
+    assert value("--replay-mode") == "kernel" and value("--profile-from-start") == "off"
     assert value("--launch-count") == "9" and value("--metrics") == "a__b.sum,c__d.sum"
     assert "base" not in cmd  # clocks are never locked to base
 

@@ -1,0 +1,234 @@
+"""The reply channel and process hygiene of a rank pool whose ranks run untrusted code. Parent and worker.
+
+- Replies are JSON with an HMAC-SHA256 over the request's nonce and the body, keyed per rank; the key
+  arrives on the rank's private request pipe before any candidate code exists (harness.pool.RankPool
+  seals every pool at start), and the parent reads raw bytes with a deadline and never unpickles.
+- Killing a rank's process group is not enough to end everything it started: RankPool.kill also
+  sweeps each rank's session (kill_session), a compile stopped at its limit has its session swept and
+  its build locks removed (harness.compile), and kill_orphaned_builds ends compilers whose harness
+  process died.
+- Audit outputs travel as raw tensor bytes in the pool's private folder, checked against a digest that
+  is part of the signed reply (write_tree / read_tree).
+
+tests/exploits/README.md says what this does and does not protect against.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import hmac
+import json
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import failures
+from harness.integrity import TAMPERING
+
+# -- the reply channel ------------------------------------------------------------------------------
+MAC_BYTES = 32
+MAX_REPLY_BYTES = 64 << 20
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, (torch.dtype, torch.device, Path)):
+        return str(value)
+    raise TypeError(f"reply field of type {type(value).__name__} is not JSON")
+
+
+def _new_mac(key: bytes) -> Any:
+    try:  # OpenSSL's HMAC object: a C type the candidate cannot patch (the key is not kept in Python)
+        import _hashlib
+
+        return _hashlib.hmac_new(key, digestmod="sha256")
+    except (ImportError, AttributeError, ValueError):
+        return hmac.new(key, digestmod=hashlib.sha256)
+
+
+class ReplySealer:
+    """Worker side: serializes a reply as JSON and prefixes HMAC-SHA256(key, nonce || body)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._mac = _new_mac(key)
+
+    def seal(self, reply: dict[str, Any], nonce: str) -> bytes:
+        body = json.dumps(reply, default=_json_default, separators=(",", ":")).encode()
+        mac = self._mac.copy()
+        mac.update(nonce.encode() + b"\0" + body)
+        return mac.digest() + body
+
+
+def open_sealed(data: bytes, key: bytes, nonce: str) -> dict[str, Any] | None:
+    """The reply if its MAC is right for this key and request nonce, else None. Never unpickles."""
+    if len(data) < MAC_BYTES:
+        return None
+    mac, body = data[:MAC_BYTES], data[MAC_BYTES:]
+    want = hmac.new(key, nonce.encode() + b"\0" + body, hashlib.sha256).digest()
+    if not hmac.compare_digest(mac, want):
+        return None
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+def forged_reply(rank: int, why: str) -> dict[str, Any]:
+    return {"ok": False, "rank": rank, "verdict": failures.RUNTIME_ERROR, "flags": [TAMPERING],
+            "message": f"rank {rank}: {why}: something in the rank process wrote to the harness's reply "
+                       f"channel, so nothing it says can be trusted"}
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is `sid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def kill_session(sid: int) -> int:
+    """SIGKILL every process of session `sid`; returns how many. Killing a process group is not enough:
+    ninja starts every compiler in a group of its own (and any code can call setpgid), but only setsid
+    leaves the session, and a process started with start_new_session=True leads its own."""
+    killed = 0
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def _leads_live_session(sid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{sid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[3]) == sid
+
+
+def kill_orphaned_builds(extensions_dir: Path) -> int:
+    """SIGKILL what is left of native builds whose harness-side process is gone: processes whose
+    environment names this extensions folder and whose session leader (the precompile process, or a
+    rank worker) has exited. A compile killed at its time limit leaves its compiler running when only
+    its process group was killed, and so does a harness process killed mid-compile."""
+    marker = f"TORCH_EXTENSIONS_DIR={extensions_dir}".encode()
+    own_session = os.getsid(0)
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[3]) == own_session:
+                continue
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+        except (OSError, ValueError):
+            continue
+        if _leads_live_session(int(fields[3])):
+            continue  # a build or rank still owned by a live harness process
+        try:
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def remove_build_locks(extensions_dir: Path, since: float) -> list[str]:
+    """Delete torch's build locks (`<extension>/lock`) created at or after `since` (a time.time()), for a
+    build that was stopped: torch waits forever on a lock whose holder died, so every later build of
+    an extension with that name (the next attempt at the same kernel) would time out too. A build of
+    the same name started by another evaluation inside that window loses its lock: the price of not
+    knowing which process holds which lock."""
+    removed = []
+    for lock in extensions_dir.glob("*/lock"):
+        try:
+            if lock.stat().st_mtime >= since:
+                lock.unlink()
+                removed.append(lock.parent.name)
+        except OSError:
+            continue
+    return removed
+
+
+# -- audit transport --------------------------------------------------------------------------------
+def write_tree(path: Path, value: Any) -> dict[str, Any]:
+    """Write an output structure's tensors as raw bytes; return its JSON description with a SHA-256."""
+    digest = hashlib.sha256()
+    offset = 0
+    with open(path, "wb") as f:
+
+        def put(data: bytes) -> None:
+            nonlocal offset
+            f.write(data)
+            digest.update(data)
+            offset += len(data)
+
+        def encode(v: Any) -> dict[str, Any]:
+            if isinstance(v, torch.Tensor):
+                if type(v) is not torch.Tensor:  # noqa: E721
+                    return {"unsupported": type(v).__name__}
+                put(b"\0" * ((-offset) % 64))
+                raw = v.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                data = ctypes.string_at(raw.data_ptr(), raw.numel()) if raw.numel() else b""  # no numpy needed
+                entry = {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape), "offset": offset,
+                         "nbytes": len(data)}
+                put(data)
+                return {"tensor": entry}
+            if isinstance(v, (tuple, list)):
+                return {"seq": [encode(x) for x in v], "tuple": isinstance(v, tuple)}
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return {"value": v}
+            return {"unsupported": type(v).__name__}
+
+        tree = encode(value)
+    return {"tree": tree, "sha256": digest.hexdigest(), "bytes": offset}
+
+
+def read_tree(path: Path, description: dict[str, Any]) -> Any:
+    """The structure write_tree wrote, after checking the file's SHA-256 against the description."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != description.get("sha256"):
+        raise ValueError(f"{path.name}: contents do not match the signed digest")
+
+    def decode(node: dict[str, Any]) -> Any:
+        if "tensor" in node:
+            t = node["tensor"]
+            dtype = getattr(torch, str(t["dtype"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown dtype {t['dtype']!r}")
+            shape, start, size = [int(d) for d in t["shape"]], int(t["offset"]), int(t["nbytes"])
+            if start < 0 or start + size > len(data):
+                raise ValueError("tensor bytes out of range")
+            if math.prod(shape) == 0:
+                return torch.empty(shape, dtype=dtype)
+            raw = torch.frombuffer(bytearray(data[start:start + size]), dtype=torch.uint8)
+            return raw.view(dtype).reshape(shape)
+        if "seq" in node:
+            items = [decode(x) for x in node["seq"]]
+            return tuple(items) if node.get("tuple") else items
+        if "value" in node:
+            return node["value"]
+        raise ValueError(f"output of unsupported type {node.get('unsupported')!r}")
+
+    return decode(description["tree"])

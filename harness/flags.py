@@ -1,0 +1,32 @@
+"""Names of the integrity flags a result can carry, and which of them keep a speedup from counting.
+
+Plain strings, no torch: metrics and reports read them from sample records; harness.integrity (which
+sets them) re-exports them.
+"""
+
+USES_NCCL = "uses_nccl"  # torch.distributed collectives inside solution() after its first call
+TAMPERING = "tampering"  # harness/runtime callables replaced, or a forged reply on the harness channel
+LAZY_OUTPUT = "lazy_output"  # output not plain, or completed/changed after the call returned
+UNSYNCHRONIZED_WORK = "unsynchronized_work"  # GPU: output incomplete on the caller's stream at return
+OUTPUT_REUSED = "output_reused"  # a later call overwrote an earlier call's output (informational)
+MUTATES_INPUTS = "mutates_inputs"
+STALE_OUTPUT = "stale_output"
+RACE = "race"  # correct when ranks run in step, wrong when one rank is late (stress trials)
+REDUCED_PRECISION = "reduced_precision"  # fails the precision probe while passing random inputs
+TIMED_OUTPUT_WRONG = "timed_output_wrong"  # a timed call's output was wrong although the check passed
+AUDIT_FAILED = "audit_failed"  # the harness process's own comparison failed although the ranks said ok
+INPUT_CACHING = "input_caching"  # never-seen inputs much slower than rotated ones: results are cached
+TIMING_IMPLAUSIBLE = "timing_implausible"  # non-positive or non-finite times
+IMPOSSIBLE = "impossible"  # faster than the roofline lower bound
+SPAWNED_THREADS = "spawned_threads"  # the candidate left Python threads running (informational)
+
+# A correct candidate with one of these flags is never counted as fast (its speedup is not trusted).
+SPEEDUP_DISQUALIFIERS = frozenset({
+    USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING, TIMING_IMPLAUSIBLE, IMPOSSIBLE,
+    "static:harness_access", "static:introspection", "static:monkeypatch", "static:fd_access",
+})
+
+
+def fast_eligible(flags: list[str] | tuple[str, ...] | set[str] | frozenset[str]) -> bool:
+    """False when a flag means the speedup must not count toward fast_p (correct, never fast)."""
+    return not (set(flags) & SPEEDUP_DISQUALIFIERS)

@@ -1,0 +1,323 @@
+"""Isolation: the verdict channel a candidate cannot forge (every pool is sealed), the guard, clean
+recovery after crashes, hangs and builds that never end, nothing left behind (grandchildren in process
+groups of their own included), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import harness.compare
+from harness import integrity
+from harness.channel import ReplySealer, open_sealed
+from harness.compile import compile_candidate, extensions_dir
+from harness.config import EvalConfig, Limits, TimingConfig
+from harness.evaluate import evaluate
+from harness.integrity import Guard, IntegrityConfig
+from harness.pool import Hang, RankPool
+from harness.problem import load_problem
+from harness.registry import get, load_suite
+from harness.validate import validate_problems
+from tests.conftest import live_children, pid_alive
+
+EXPLOITS = Path(__file__).parent / "exploits"
+
+
+@pytest.fixture(scope="module")
+def all_reduce():
+    return get(load_suite(), "all_reduce")
+
+
+def test_sealed_replies_open_only_with_their_key_and_nonce():
+    key = os.urandom(32)
+    sealed = ReplySealer(key).seal({"ok": True, "rank": 0, "times_ms": [1.5, float("nan")]}, "n1")
+    reply = open_sealed(sealed, key, "n1")
+    assert reply is not None and reply["ok"] is True and reply["times_ms"][0] == 1.5
+    assert open_sealed(sealed, os.urandom(32), "n1") is None  # another key
+    assert open_sealed(sealed, key, "n2") is None  # a replayed reply to an earlier request
+    assert open_sealed(sealed.replace(b"true", b"1234"), key, "n1") is None  # a changed body
+    assert open_sealed(sealed[:10], key, "n1") is None
+    assert open_sealed(pickle.dumps({"ok": True}), key, "n1") is None  # never unpickled
+
+
+def _reply_fd(pid: int) -> int:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(args[args.index(b"--reply-fd") + 1])
+
+
+def _write_into_reply_pipe(pid: int, data: bytes) -> None:
+    """What a candidate in that rank could do: write straight onto the worker's reply pipe."""
+    fd = os.open(f"/proc/{pid}/fd/{_reply_fd(pid)}", os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def test_reply_channel_rejects_forged_replayed_and_partial_messages():
+    pool = RankPool(2, "cpu").start()  # every pool is sealed: profiling's and validation's too
+    try:
+        assert pool.sealed
+        keys = pool._keys
+        assert keys is not None and len(set(keys.values())) == 2  # one key per rank
+        for rank, pid in enumerate(pool.pids()):
+            # The keys never pass through what a candidate can read about its own process.
+            for what in ("environ", "cmdline"):
+                text = Path(f"/proc/{pid}/{what}").read_bytes()
+                assert keys[rank] not in text and keys[rank].hex().encode() not in text
+        assert all(r["ok"] for r in pool.request({"op": "ping"}, timeout=30))
+
+        forged = pickle.dumps({"ok": True, "rank": 0, "verdict": "correct"})
+        _write_into_reply_pipe(pool.pids()[0], struct.pack("!i", len(forged)) + forged)
+        first = pool.request({"op": "ping"}, timeout=30)
+        assert integrity.TAMPERING in first[0]["flags"] and "failed authentication" in first[0]["message"]
+        assert first[1]["ok"]
+        # Rank 0's genuine reply to that request is still queued: signed for the old nonce, it is refused.
+        second = pool.request({"op": "ping"}, timeout=30)
+        assert integrity.TAMPERING in second[0]["flags"]
+
+        # A header announcing more bytes than ever come: the reader gives up at the deadline instead of
+        # blocking forever inside a read.
+        _write_into_reply_pipe(pool.pids()[1], struct.pack("!i", 1 << 20))
+        with pytest.raises(Hang) as hang:
+            pool.request({"op": "ping"}, timeout=2, grace=1)
+        assert 1 in hang.value.missing
+    finally:
+        pool.kill()
+    assert live_children() == []
+
+
+def test_a_dead_rank_is_named_as_the_root_failure(all_reduce):
+    with RankPool(2, "cpu") as pool:
+        os.kill(pool.pids()[1], signal.SIGKILL)
+        replies = pool.request({"op": "ping"}, timeout=30)
+        assert replies[0]["ok"] and not replies[1]["ok"]
+        assert replies[1]["died"] is True and "killed by signal 9" in replies[1]["message"]
+    assert live_children() == []
+
+
+def test_killing_a_pool_ends_what_its_candidate_started_in_process_groups_of_its_own(all_reduce, tmp_path):
+    """A process group kill misses a grandchild that called setpgid (ninja does that for every compiler);
+    the pool sweeps each rank's whole session."""
+    pids = tmp_path / "pids.txt"
+    candidate = tmp_path / "spawns_a_sleeper.py"
+    candidate.write_text(textwrap.dedent(f"""
+        import subprocess
+        import torch.distributed as dist
+
+        _sleeper = subprocess.Popen(["sleep", "600"], process_group=0)  # its own process group
+        with open({str(pids)!r}, "a") as f:
+            f.write(f"{{_sleeper.pid}}\\n")
+
+        def solution(x):
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+    """))
+    pool = RankPool(2, "cpu").start()
+    try:
+        replies = pool.request({"op": "load_candidate", "problem": all_reduce.loader_spec,
+                                "candidate": str(candidate), "shape": "small"}, timeout=60)
+        assert all(r["ok"] for r in replies), replies
+        sleepers = [int(line) for line in pids.read_text().split()]
+        assert len(sleepers) == 2 and all(pid_alive(pid) for pid in sleepers)
+        assert all(os.getpgid(pid) == pid for pid in sleepers)  # out of the ranks' process groups
+    finally:
+        pool.kill()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in sleepers if pid_alive(pid)]
+
+
+def _native_candidate(folder: Path, name: str, source: str) -> Path:
+    """A candidate whose import builds `source` as extension `name` (a plain shared library: quick to
+    build, no Python module or torch headers needed)."""
+    cpp = folder / f"{name}_{len(list(folder.iterdir()))}.cpp"
+    cpp.write_text(source)
+    path = cpp.with_suffix(".py")
+    path.write_text(textwrap.dedent(f"""
+        from torch.utils.cpp_extension import load
+
+        load(name={name!r}, sources=[{str(cpp)!r}], is_python_module=False)
+
+        def solution(x):
+            return x.clone()
+    """))
+    return path
+
+
+@pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja")), reason="needs a C++ compiler and ninja")
+def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_name_works(tmp_path):
+    """The compiler blocks on an #include of a FIFO that never delivers: a compile that never ends. At
+    the limit its whole session dies (ninja gave the compiler a process group of its own) and torch's
+    build lock goes; without that, the next build of an extension with that name waits on the lock
+    until it, too, times out."""
+    name = "pkb_test_stopped_build"
+    fifo = tmp_path / "never.h"
+    os.mkfifo(fifo)
+    stuck = _native_candidate(tmp_path, name, f'#include "{fifo}"\nextern "C" int answer() {{ return 1; }}\n')
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(a=compile_candidate(stuck, 15.0, "cpu")))
+    worker.start()
+    writer = None  # held open, never written: the compiler's read of the header blocks, without EOF
+    while writer is None and worker.is_alive():
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            assert err.errno == errno.ENXIO  # no reader yet: the compiler has not reached the include
+            time.sleep(0.1)
+    worker.join()
+    if writer is not None:
+        os.close(writer)
+    assert writer is not None, "the build ended before the compiler opened the header"
+    stopped = outcome["a"]
+    assert not stopped.ok and stopped.native and "did not finish within 15 s" in stopped.message
+    assert name in stopped.cleanup["locks_removed"] and stopped.cleanup["processes_killed"] >= 1
+    assert not (extensions_dir() / name / "lock").exists()
+    assert _processes_mentioning(str(tmp_path)) == []  # the compiler, ninja, the precompile process
+
+    quick = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 2; }\n')
+    built = compile_candidate(quick, 300.0, "cpu")
+    assert built.ok and built.native and not built.cleanup, built
+
+
+def _processes_mentioning(text: str, wait_s: float = 5.0) -> list[int]:
+    """PIDs other than this one whose command line mentions `text`, once killed processes had time to die."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and int(entry.name) != os.getpid() and pid_alive(int(entry.name)) \
+                        and text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_guard_sees_replaced_functions_code_and_trace_hooks(monkeypatch):
+    guard = Guard()
+    guard.capture()
+    assert guard.violations() == []
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    assert "time.perf_counter" in guard.violations()
+    monkeypatch.undo()
+    original = harness.compare.same_values.__code__
+    try:
+        harness.compare.same_values.__code__ = (lambda a, b: True).__code__
+        assert "harness.compare.same_values (code)" in guard.violations()
+    finally:
+        harness.compare.same_values.__code__ = original
+    previous = sys.gettrace()
+    sys.settrace(lambda *args: None)
+    try:
+        assert "sys.settrace hook" in guard.violations()
+    finally:
+        sys.settrace(previous)
+    assert guard.violations() == []
+
+
+def test_after_a_hang_and_a_crash_the_next_evaluation_works(all_reduce, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(check_s=3, grace_s=1))
+    hang = evaluate(all_reduce, EXPLOITS / "hang_forever.py", world_size=2, config=config)
+    assert hang.verdict == "deadlock"
+    crash = evaluate(all_reduce, EXPLOITS / "segfault_rank1.py", world_size=2, config=config)
+    assert crash.verdict == "runtime_error" and crash.failure.rank == 1
+    good = evaluate(all_reduce, EXPLOITS / "nccl_all_reduce.py", world_size=2,
+                    config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")))
+    assert good.verdict == "correct" and good.timings is not None
+    assert live_children() == []
+    assert list(tmp_path.iterdir()) == []  # rendezvous files, logs and audit files all removed
+
+
+def test_audit_answers_are_gone_before_the_candidate_is_imported(all_reduce, tmp_path, monkeypatch):
+    """The reference's audit outputs pass through the pool's folder; a candidate that looks there at
+    import time (or later) finds nothing to copy."""
+    seen = tmp_path / "seen.txt"
+    candidate = tmp_path / "looks_for_answers.py"
+    candidate.write_text(textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        import torch.distributed as dist
+
+        folder = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent
+        with open({str(seen)!r}, "a") as f:
+            f.write(" ".join(sorted(p.name for p in folder.iterdir())) + "\\n")
+
+        def solution(x):
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+    """))
+    result = evaluate(all_reduce, candidate, world_size=2,
+                      config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
+                      integrity_config=IntegrityConfig(audit=True))
+    assert result.verdict == "correct"
+    listings = seen.read_text().split()
+    assert listings and not [name for name in listings if name.startswith("audit-")]
+    assert "audit" in result.stages
+
+
+def _problem_file(folder: Path, name: str, body: str) -> Path:
+    path = folder / "collective" / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(f'''
+        import torch
+        import torch.distributed as dist
+
+        PROBLEM = {{"name": "{name}", "category": "collective",
+                   "source": {{"codebase": "tests", "path": "tests/test_isolation.py", "symbol": "{name}"}},
+                   "summary": "A deliberately broken reference.", "dtype": "float32",
+                   "shapes": {{"default": {{"n": 8}}, "small": {{"n": 8}}}}, "world_sizes": [2],
+                   "tolerance": {{"atol": 1e-5, "rtol": 1e-5}}}}
+
+        def make_inputs(shape, rank, world_size, generator, device):
+            return (torch.randn(shape["n"], generator=generator, device=device),)
+
+        def oracle(shape, world_size, inputs_by_rank):
+            total = sum(inputs[0] for inputs in inputs_by_rank)
+            return [total.clone() for _ in range(world_size)]
+    ''') + textwrap.dedent(body))
+    return path
+
+
+def test_validate_reports_a_one_rank_failure_not_a_deadlock(tmp_path):
+    wrong = load_problem(_problem_file(tmp_path, "wrong_on_rank1", """
+        def solution(x):
+            out = x.clone()
+            dist.all_reduce(out)
+            return out + 1.0 if dist.get_rank() == 1 else out
+    """))
+    raises = load_problem(_problem_file(tmp_path, "raises_on_rank1", """
+        def solution(x):
+            if dist.get_rank() == 1:
+                raise ValueError("rank one gave up")
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+    """))
+    results = {v.problem: v for v in validate_problems([wrong, raises], [2], trials=3, timeout=60)}
+    # Before: rank 1 stopped after its first bad trial while rank 0 waited in the next trial's
+    # collective, and the pair read as a deadlock.
+    assert results["wrong_on_rank1"].verdict == "output_mismatch"
+    assert "rank 1" in results["wrong_on_rank1"].message
+    assert results["raises_on_rank1"].verdict == "infra_error"
+    assert "rank one gave up" in results["raises_on_rank1"].message
+    assert live_children() == []
