@@ -4,9 +4,11 @@
     pkb run --model openai:my-model --base-url http://localhost:8000/v1 --condition agent:check+compile ...
     pkb run --model replay:solutions/ --problems all_reduce            # scores files, no API key
     pkb run --run-id ID --resume                                       # continues a killed run
+    pkb run ... --executor ray --ray-address HEAD:6379                 # evaluations on a Ray cluster (docs/ray.md)
 
 Everything lands in runs/<id>/ (docs/run-layout.md). With --resume the run's stored config is used; an
-option given again must agree with it. Bad input is one line and exit code 2; a run that ends with
+option given again must agree with it; the executor is not part of the run, so a run started on one resumes
+on the other. Bad input is one line and exit code 2; a run that ends with
 unfinished samples (provider outages, internal errors) exits 1 and says how to continue it.
 """
 
@@ -29,6 +31,7 @@ from agent import cli_source
 from agent.budgets import Budget
 from agent.cli_common import CliError, check_shape, console, err_console
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
+from agent.executors import RayExecutor, add_executor_arguments, executor_from_args
 from agent.providers import ModelSpec, ProviderError, make_chat_model, parse_model_spec
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.rundir import RunDir
@@ -91,6 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave the programming guide out of the prompt (a condition with the guide tool has it)")
     p.add_argument("--model-retries", type=int, default=5, help="attempts per model call on 429/5xx (default 5)")
     p.add_argument("--runs-dir", default="runs", help="where runs go (default ./runs)")
+    add_executor_arguments(p)
 
 
 # -- config -----------------------------------------------------------------------------------------
@@ -232,9 +236,13 @@ def _select_problems(config: RunConfig, selection: Sequence[str] | None, replay_
     return usable, [p.name for p in chosen if p not in usable], replay
 
 
-def _check_device(config: RunConfig) -> DeviceScheduler:
+def _check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler | None:
+    """This node's scheduler; None for a Ray run, whose driver needs no devices (the cluster is checked when the
+    executor is built)."""
     if config.world_size < 1:
         raise CliError(f"--world-size must be at least 1, got {config.world_size}")
+    if executor != "local":
+        return None
     if config.device == "cuda":
         import torch
 
@@ -289,19 +297,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     replay_dir = Path(spec.name) if spec.provider == "replay" else None
     problems, skipped, replay = _select_problems(config, args.problems, replay_dir)
     config = config.model_copy(update={"problems": [p.name for p in problems]})
-    scheduler = _check_device(config)
+    scheduler = _check_device(config, args.executor)
     prices = _check_model(config)
-    if skipped:  # said once every check has passed, so that bad input stays one line
-        print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
-              file=sys.stderr)
-    if not args.resume:
-        try:
-            create_run(run_dir, config, prices)
-        except RunError as err:
-            raise CliError(str(err)) from None
-    runner = Runner(run_dir, config, problems, concurrency=args.concurrency, prices=prices, replay=replay,
-                    scheduler=scheduler)
-    summary = _run_with_progress(runner, len(runner.plan()))
+    # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
+    executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
+    try:
+        if skipped:  # said once every check has passed, so that bad input stays one line
+            print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
+                  file=sys.stderr)
+        if not args.resume:
+            try:
+                create_run(run_dir, config, prices)
+            except RunError as err:
+                raise CliError(str(err)) from None
+        runner = Runner(run_dir, config, problems, concurrency=args.concurrency, prices=prices, replay=replay,
+                        scheduler=scheduler, executor=executor)
+        if isinstance(executor, RayExecutor):
+            print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
+                  f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
+        summary = _run_with_progress(runner, len(runner.plan()))
+    finally:
+        executor.close()
     _print_summary(summary, run_dir)
     if summary.fatal:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
@@ -314,16 +330,24 @@ class _Tally:
         self.lock = threading.Lock()
         self.done = self.correct = self.fast = self.tokens = 0
         self.cost = 0.0
+        self.cost_known = True
 
     def add(self, record: dict[str, Any]) -> str:
         with self.lock:
             self.done += 1
             self.correct += bool(record.get("correct"))
-            self.fast += bool(record.get("correct") and (record.get("speedup") or 0) > 1.0)
+            self.fast += _fast(record)
             usage = record.get("usage") or {}
             self.tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
             self.cost += float(usage.get("cost_usd") or 0.0)
-            return (f"correct {self.correct}  fast {self.fast}  tokens {self.tokens:,}  ${self.cost:.2f}")
+            self.cost_known = self.cost_known and usage.get("cost_known", True) is not False
+            cost = f"${self.cost:.2f}" if self.cost_known else "$ n/a"
+            return f"correct {self.correct}  fast {self.fast}  tokens {self.tokens:,}  {cost}"
+
+
+def _fast(record: dict[str, Any]) -> bool:
+    """Correct, faster than the reference, and allowed to count as fast (no integrity flag against it)."""
+    return bool(record.get("correct") and record.get("fast_eligible", True) and (record.get("speedup") or 0) > 1.0)
 
 
 def _run_with_progress(runner: Runner, total: int) -> RunSummary:
@@ -347,6 +371,13 @@ def _run_with_progress(runner: Runner, total: int) -> RunSummary:
             os._exit(130)  # sample threads may sit in a model call for minutes; everything on disk is consistent
 
 
+def _cost_cell(records: list[dict[str, Any]]) -> str:
+    """Dollars, or n/a when any sample's model has no price (a sum of the priced ones would mislead)."""
+    if any((r.get("usage") or {}).get("cost_known") is False for r in records):
+        return "n/a"
+    return f"{sum(float((r.get('usage') or {}).get('cost_usd') or 0.0) for r in records):.4f}"
+
+
 def _print_summary(summary: RunSummary, run_dir: RunDir) -> None:
     table = Table(title=f"run {summary.run_id}: {len(summary.records)} of {summary.total} samples finished")
     for col in ("condition", "samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
@@ -357,10 +388,10 @@ def _print_summary(summary: RunSummary, run_dir: RunDir) -> None:
     for condition, records in by_condition.items():
         tokens = sum(int(r["usage"]["input_tokens"]) + int(r["usage"]["output_tokens"]) for r in records)
         table.add_row(condition, str(len(records)), str(sum(r["correct"] for r in records)),
-                      str(sum(bool(r["correct"] and (r.get("speedup") or 0) > 1) for r in records)),
+                      str(sum(_fast(r) for r in records)),
                       str(sum(r["verdict"] == "no_code" for r in records)),
                       str(sum(r["verdict"] == "infra_error" for r in records)), f"{tokens:,}",
-                      f"{sum(float(r['usage']['cost_usd']) for r in records):.4f}")
+                      _cost_cell(records))
     console.print(table)
     if summary.infra_errors:
         console.print(f"{summary.infra_errors} sample(s) ended in infra_error (the harness's failure, retried; "

@@ -46,6 +46,7 @@ from langgraph.graph import END, START, StateGraph, add_messages
 import prompts
 from agent.budgets import Budget, BudgetTracker, Spent
 from agent.conditions import AGENT, SUBMIT, Condition
+from agent.executors import EvalRequest, Executor, as_device_call, as_evaluate, device_seconds
 from agent.providers import ProviderError
 from agent.retry import invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
@@ -120,7 +121,7 @@ class SampleContext:
     budget: Budget
     prices: PriceTable | None
     config: EvalConfig  # what the tools evaluate with; the final scoring uses scoring_seed(config.seed)
-    scheduler: DeviceScheduler
+    scheduler: DeviceScheduler | None  # None only with an executor
     world_size: int
     device: str
     shape: str
@@ -129,6 +130,8 @@ class SampleContext:
     model_attempts: int = 5
     answer_tokens: int = 600
     guide_in_prompt: bool = True
+    # Where evaluations run when not on this node's scheduler (a Ray cluster); None: here, in leases.
+    executor: Executor | None = None
 
 
 # -- prompts and text --------------------------------------------------------------------------------
@@ -192,21 +195,28 @@ class Scored:
     gpu_s: float
 
 
-def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler, world_size: int,
-               device: str, shape: str, log_dir: Path | None, log: Any = None) -> Scored:
+def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler | None,
+               world_size: int, device: str, shape: str, log_dir: Path | None, log: Any = None,
+               executor: Executor | None = None) -> Scored:
     """The full harness on `path` with scoring_seed(config.seed); an infra_error is retried (bounded)."""
     scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed)})
     started = time.perf_counter()
     gpu_s = 0.0
     result: EvalResult | None = None
     attempt = 0
-    if device == "cuda":  # build native code before taking GPUs: evaluate's own compile step hits the cache
-        compile_candidate(path, config.limits.compile_s, device)
+    if device == "cuda" and executor is None:  # build before taking GPUs: evaluate's compile step hits the cache
+        compile_candidate(path, config.limits.compile_s, device, problem=problem.loader_spec)
     for attempt in range(1, SCORING_ATTEMPTS + 1):
-        with scheduler.lease() as lease:
-            result = evaluate(problem, path, world_size=world_size, device=device, shape=shape,
-                              config=scoring_config, log_dir=log_dir, gpus=lease.gpus)
-        gpu_s += lease.device_seconds
+        if executor is not None:  # the node builds before its ranks start, as evaluate always does
+            result = executor.evaluate(EvalRequest.build(problem, path, world_size=world_size, device=device,
+                                                         shape=shape, config=scoring_config, log_dir=log_dir))
+            gpu_s += device_seconds(result)
+        else:
+            assert scheduler is not None
+            with scheduler.lease() as lease:
+                result = evaluate(problem, path, world_size=world_size, device=device, shape=shape,
+                                  config=scoring_config, log_dir=log_dir, gpus=lease.gpus)
+            gpu_s += lease.device_seconds
         if result.verdict != failures.INFRA_ERROR:
             break
         if log is not None:
@@ -227,9 +237,13 @@ def bind_model(ctx: SampleContext) -> Runnable[Any, BaseMessage]:
     return ctx.model.bind_tools(make_tools(list(ctx.condition.bound_tools), schema_ctx))
 
 
-def tool_context(ctx: SampleContext, gpus: list[int] | None) -> ToolContext:
+def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
+    """The tools' view of the sample; with an executor, their device work goes through it (adding to `spent`)."""
+    remote = {} if ctx.executor is None else {"evaluate": as_evaluate(ctx.executor, spent),
+                                              "on_devices": as_device_call(ctx.executor, spent)}
     return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                       config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens)
+                       config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
+                       **remote)
 
 
 def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
@@ -340,7 +354,7 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
         write_bytes_atomic(ctx.directory.final_py, (ctx.directory.path / final).read_bytes())
         scored = score_file(ctx.problem, ctx.directory.final_py, config=ctx.config, scheduler=ctx.scheduler,
                             world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                            log_dir=ctx.directory.logs, log=log)
+                            log_dir=ctx.directory.logs, log=log, executor=ctx.executor)
         if log is not None:
             log.info("scored", final=final, verdict=scored.result.verdict, speedup=scored.result.speedup,
                      seconds=round(scored.seconds, 3), attempts=scored.attempts)
@@ -384,19 +398,23 @@ def _run_one(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolO
     if name not in ctx.condition.bound_tools:
         return None, 0.0, f"error: no tool named {name!r}; available: {', '.join(ctx.condition.bound_tools)}"
     lease = None
+    spent: list[float] = []  # device seconds of the executor's evaluations (no lease is taken here then)
     try:
         if name in DEVICE_FREE_TOOLS:
             outcome = run_tool(name, args, tool_context(ctx, gpus=None))
+        elif ctx.executor is not None:
+            outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
         else:
+            assert ctx.scheduler is not None
             with ctx.scheduler.lease() as lease:
                 outcome = run_tool(name, args, tool_context(ctx, gpus=lease.gpus))
     except Exception as exc:  # a tool's failure is reported to the model, logged, and never ends the run
         if ctx.log is not None:
             ctx.log.exception("tool_failed", tool=name)
-        held = lease.device_seconds if lease is not None else 0.0
+        held = lease.device_seconds if lease is not None else sum(spent)
         return None, held, f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
     reported = float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
-    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else 0.0)
+    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else sum(spent))
     if ctx.log is not None:
         data = getattr(outcome, "data", {}) or {}
         ctx.log.info("tool", tool=name, verdict=data.get("verdict"), gpu_s=round(gpu_s, 3),

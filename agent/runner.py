@@ -7,7 +7,9 @@ with all its files or an unfinished one. On resume a finished sample is never re
 agent sample continues from its LangGraph checkpoint (runs/<id>/checkpoints.sqlite, thread
 "<problem>/<condition>/<k>"), so the turns it already took are neither repeated nor counted twice.
 
-Samples run in `concurrency` threads; their evaluations share the devices through one DeviceScheduler.
+Samples run in `concurrency` threads; their evaluations share the devices through one DeviceScheduler, or,
+with a Ray executor (agent.executors), go to a cluster as tasks while the agent loops stay here. The
+executor is not part of the run's config: a run started on one executor resumes on the other.
 What is not the model's fault is reported apart: an infra_error of the final scoring (retried, see
 agent.graph.score_file), provider outages that outlast the retries (the sample stays unfinished for
 `--resume`), and internal errors (logged with their traceback in events.jsonl).
@@ -34,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from agent.budgets import Budget, Spent
 from agent.conditions import REPLAY, Condition, parse_condition
+from agent.executors import Executor, LocalExecutor
 from agent.graph import (
     NO_CODE,
     REPLAYED,
@@ -265,6 +268,9 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "correct": bool(result and result.get("correct")),
         "speedup": result.get("speedup") if result else None,
         "flags": list(result.get("flags") or []) if result else [],
+        # False when an integrity flag (harness.integrity.SPEEDUP_DISQUALIFIERS) voids the speedup for fast_p;
+        # results written before the harness had the field count as eligible.
+        "fast_eligible": bool(result.get("fast_eligible", True)) if result else False,
         "roofline_fraction": roofline_fraction(result),
         "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
                   "cost_usd": round(spent.cost_usd, 6),
@@ -301,6 +307,7 @@ class Runner:
         prices: PriceTable | None = None,
         replay: ReplaySet | None = None,
         scheduler: DeviceScheduler | None = None,
+        executor: Executor | None = None,
         model_factory: Callable[[], BaseChatModel] | None = None,
         eval_config: EvalConfig | None = None,
         on_sample: Callable[[dict[str, Any], bool], None] | None = None,
@@ -313,7 +320,15 @@ class Runner:
         self.concurrency = concurrency
         self.prices = prices
         self.replay = replay
-        self.scheduler = scheduler or DeviceScheduler(config.device, config.world_size)
+        if isinstance(executor, LocalExecutor):  # this node: the graph's own leases of its scheduler
+            scheduler = scheduler or executor.scheduler  # type: ignore[assignment]
+            executor = None
+        # remote: where every evaluation goes (the caller closes it); None: this node, through `scheduler`
+        self.remote = executor
+        if executor is None:
+            self.scheduler: DeviceScheduler | None = scheduler or DeviceScheduler(config.device, config.world_size)
+        else:
+            self.scheduler = scheduler  # unused: the driver may have no devices at all
         self.spec = parse_model_spec(config.model)
         self.model_factory = model_factory or self._default_model_factory
         self.eval_config = eval_config or config.eval_config()
@@ -373,7 +388,7 @@ class Runner:
                 else:
                     pending.append(spec)
             self.log.info("run_started", run_id=summary.run_id, total=len(specs), finished_before=summary.skipped,
-                          pending=len(pending), concurrency=self.concurrency, capacity=self.scheduler.capacity)
+                          pending=len(pending), concurrency=self.concurrency, **self._where())
 
             def one(spec: SampleSpec) -> None:
                 if self._abort.is_set():
@@ -450,6 +465,17 @@ class Runner:
                  speedup=record["speedup"], turns=record["turns"], cost_usd=record["usage"]["cost_usd"])
         return record
 
+    def _where(self) -> dict[str, Any]:
+        """The executor and how many evaluations it runs at once, for the event log."""
+        if self.remote is None:
+            return {"executor": LocalExecutor.name, "capacity": self.scheduler.capacity if self.scheduler else 1}
+        return {"executor": self.remote.name, "capacity": self.remote.capacity(self.config.world_size,
+                                                                                self.config.device)}
+
+    def _remote_args(self) -> dict[str, Any]:
+        """executor= for the graph and score_file when evaluations leave this node (nothing otherwise)."""
+        return {"executor": self.remote} if self.remote is not None else {}
+
     def _context(self, spec: SampleSpec, sdir: SampleDir, log: Any, model: BaseChatModel | None) -> SampleContext:
         return SampleContext(
             problem=spec.problem, condition=spec.condition, model=model,
@@ -457,7 +483,7 @@ class Runner:
             config=self.eval_config, scheduler=self.scheduler, world_size=self.config.world_size,
             device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
             model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
-            guide_in_prompt=self.config.guide_in_prompt,
+            guide_in_prompt=self.config.guide_in_prompt, **self._remote_args(),
         )
 
     def _model_sample(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
@@ -491,7 +517,7 @@ class Runner:
         write_bytes_atomic(sdir.final_py, spec.file.read_bytes())
         scored = score_file(spec.problem, sdir.final_py, config=self.eval_config, scheduler=self.scheduler,
                             world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
-                            log_dir=sdir.logs, log=log)
+                            log_dir=sdir.logs, log=log, **self._remote_args())
         state["result"] = scored.result.model_dump(mode="json")
         state["scoring"] = {"seconds": scored.seconds, "gpu_s": scored.gpu_s, "attempts": scored.attempts,
                             "final": sdir.relative(path)}

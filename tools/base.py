@@ -51,6 +51,11 @@ class ToolContext:
     workdir: Path  # the sample folder: candidates/NNN.py (+ .json), final.py
     gpus: list[int] | None = None
     answer_tokens: int = 600
+    # Where device work runs when not on this process's `gpus` (agent.executors: a Ray cluster). `evaluate`
+    # has harness.evaluate.evaluate's signature; `on_devices(W, device, fn, *args, **kwargs)` runs a harness
+    # function that needs W devices and returns its answer. None: here.
+    evaluate: Callable[..., Any] | None = None
+    on_devices: Callable[..., Any] | None = None
     counter: int = 0  # the next candidate number (never reuses a number already on disk)
 
     @property

@@ -79,9 +79,10 @@ def run_evaluation(ctx: ToolContext, candidate: Path, *, timing: bool) -> tuple[
     """The harness protocol on the sample's problem, shape and W; returns the result and the GPU seconds
     (wall time with ranks up, times W on CUDA: the compile step before launch holds no GPU)."""
     config = ctx.config.model_copy(update={"skip_timing": not timing})
+    run = ctx.evaluate or evaluate
     with stopwatch() as clock:
-        result = evaluate(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                          config=config, gpus=ctx.gpus)
+        result = run(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
+                     config=config, gpus=ctx.gpus)
     held = max(0.0, clock["seconds"] - result.stages.get("compile", 0.0))
     return result, ctx.gpu_seconds(held)
 

@@ -18,7 +18,7 @@ from tools.render import Block
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for compile
-    outcome = compile_candidate(candidate, ctx.config.limits.compile_s, ctx.device)
+    outcome = compile_candidate(candidate, ctx.config.limits.compile_s, ctx.device, problem=ctx.problem.loader_spec)
     data = {"tool": "compile", "ok": outcome.ok, "verdict": "compiled" if outcome.ok else outcome.verdict,
             "message": outcome.message, "evidence": outcome.evidence, "native": outcome.native,
             "seconds": round(outcome.seconds, 4)}

@@ -28,8 +28,12 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
     refused = getattr(profiling, "ProfileError", None)  # the candidate could not run: a verdict, not a crash
     with stopwatch() as clock:
         try:
-            result = profiling.profile(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device,
-                                       shape=ctx.shape, **extra)
+            if ctx.on_devices is not None:
+                result = ctx.on_devices(ctx.world_size, ctx.device, profiling.profile, ctx.problem, candidate,
+                                        world_size=ctx.world_size, device=ctx.device, shape=ctx.shape, **extra)
+            else:
+                result = profiling.profile(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device,
+                                           shape=ctx.shape, **extra)
         except Exception as err:
             if refused is None or not isinstance(err, refused):
                 raise

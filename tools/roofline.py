@@ -40,8 +40,12 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         measured = result if result.timings is not None else None  # only a timed (correct) run has a fraction
     extra = optional_kwargs(roofline.roofline, gpus=ctx.gpus, seed=ctx.config.seed)
     with stopwatch() as clock:
-        bound = roofline.roofline(ctx.problem, ctx.shape, ctx.world_size, ctx.device, candidate_result=measured,
-                                  **extra)
+        if ctx.on_devices is not None:
+            bound = ctx.on_devices(ctx.world_size, ctx.device, roofline.roofline, ctx.problem, ctx.shape,
+                                   ctx.world_size, ctx.device, candidate_result=measured, **extra)
+        else:
+            bound = roofline.roofline(ctx.problem, ctx.shape, ctx.world_size, ctx.device, candidate_result=measured,
+                                      **extra)
     gpu_s += ctx.gpu_seconds(clock["seconds"])
     others = verdict + timing
     used = count_tokens("\n".join(b.text for b in others)) + len(others) if others else 0
