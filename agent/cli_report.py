@@ -25,13 +25,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_report)
 
 
+def runs_inside(folder: Path, limit: int = 5) -> list[str]:
+    """Names of run directories directly inside `folder` (the user gave runs/ instead of runs/<id>)."""
+    try:
+        found = sorted(p.name for p in folder.iterdir() if (p / "run.json").is_file())
+    except OSError:
+        return []
+    return found[:limit] + (["..."] if len(found) > limit else [])
+
+
 def load_runs(paths: list[str]) -> list[Run]:
     runs = []
     for path in paths:
         try:
             runs.append(read_run(Path(path)))
         except RunFormatError as err:
-            raise CliError(str(err)) from None
+            inside = runs_inside(Path(path)) if Path(path).is_dir() else []
+            hint = f"; it holds runs: {', '.join(inside)} (give one of those)" if inside else ""
+            raise CliError(f"{err}{hint}") from None
     return runs
 
 
@@ -63,13 +74,19 @@ def cmd_report(args: argparse.Namespace) -> int:
         links: dict[str, str] = {}
         if out is not None:  # markdown cannot carry images: they go next to it, linked relatively
             folder = out.parent / f"{out.stem}_figures"
-            written = report.write_figures(built, folder)
+            try:
+                written = report.write_figures(built, folder)
+            except OSError as err:
+                raise CliError(f"cannot write the figures to {folder}: {err.strerror or err}") from None
             links = {stem: f"{folder.name}/{path.name}" for stem, path in written.items()}
         text = report.to_markdown(built, links)
     if out is None:
         print(text)
         return 0
-    _write_atomic(out, text)
+    try:
+        _write_atomic(out, text)
+    except OSError as err:
+        raise CliError(f"cannot write {out}: {err.strerror or err}") from None
     console.print(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))")
     return 0
 
@@ -77,6 +94,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)  # no half-written temp file left beside the report
+        raise

@@ -25,11 +25,13 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from harness import metrics
+from harness.flags import SPEEDUP_DISQUALIFIERS
 from harness.run_reader import Candidate, Message, Run, Sample
 
 REPORT_SCHEMA = "pkb-report/1"
 BASELINE_CONDITION = "zero-shot"
-NO_SAMPLES = "No sample has been written in these runs yet."
+REPLAY_CONDITION = "replay"  # scores files made elsewhere: what they cost in tokens and dollars is not in the run
+NOT_AVAILABLE = "n/a"
 CURVE_TABLE_PS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 HEADLINE_METRICS = (  # key in the arm's metrics, column title ({k} filled in)
     ("pass_at_1", "pass@1"),
@@ -40,7 +42,7 @@ HEADLINE_METRICS = (  # key in the arm's metrics, column title ({k} filled in)
 
 
 class ReportError(ValueError):
-    """A report that cannot be built as asked (k larger than the samples, no runs). One line."""
+    """A report that cannot be built as asked (k larger than the samples, no runs, a run without samples). One line."""
 
 
 @dataclass
@@ -65,29 +67,33 @@ class Report:
 
 
 # -- computing --------------------------------------------------------------------------------------
+def run_labels(runs: Sequence[Run]) -> list[str]:
+    """A name per run: its run_id, or, where two runs share one, the parent folder and the run_id."""
+    ids = Counter(r.run_id for r in runs)
+    return [r.run_id if ids[r.run_id] == 1 else f"{Path(r.path).parent.name}/{r.run_id}" for r in runs]
+
+
 def make_arms(runs: Sequence[Run]) -> list[Arm]:
     arms: list[Arm] = []
-    for run in runs:
+    for run, name in zip(runs, run_labels(runs), strict=True):
         for condition in run.conditions:
             samples = [s for s in run.samples if s.record.condition == condition]
             records = [s.record.metrics_view() for s in samples]
-            label = condition if len(runs) == 1 else f"{run.run_id}/{condition}"
+            label = condition if len(runs) == 1 else f"{name}/{condition}"
             scores = metrics.score_problems(records).get(condition, [])
             arms.append(Arm(label, run, condition, samples, records, scores))
     return arms
 
 
 def default_k(runs: Sequence[Run]) -> int:
-    """The smallest samples-per-problem of the runs (from run.json, else from the samples found)."""
+    """The smallest samples-per-problem of the runs: from run.json, else (a replay run scores every file it
+    finds) the fewest samples any problem has, so that no problem is left out of pass@k."""
     ks = []
     for run in runs:
         k = run.samples_per_problem
         if k is None:
-            counts: dict[tuple[str, str], int] = {}
-            for s in run.samples:
-                key = (s.record.problem, s.record.condition)
-                counts[key] = counts.get(key, 0) + 1
-            k = max(counts.values(), default=1)
+            counts = Counter((s.record.problem, s.record.condition) for s in run.samples)
+            k = min(counts.values(), default=1)
         ks.append(k)
     return max(1, min(ks, default=1))
 
@@ -98,11 +104,40 @@ def headline_metrics(k: int) -> dict[str, metrics.Metric]:
             "fast_1_at_k": metrics.fast_metric(1.0, k), "fast_1_5_at_k": metrics.fast_metric(1.5, k)}
 
 
+def _all_true(records: Sequence[dict[str, Any]], key: str) -> bool:
+    """Every sample's usage[key] is true; a sample.json without the key (older runs) counts as true."""
+    return all((r.get("usage") or {}).get(key, True) is not False for r in records)
+
+
+def arm_usage(arm: Arm) -> dict[str, Any]:
+    """Summed usage, with what is unknown said so: cost_usd is None (not 0) where any sample's cost could not
+    be priced (a model missing from the price table, e.g. scripted:) or where the code was replayed."""
+    usage = metrics.usage_totals(arm.records).get(arm.condition) or metrics.Usage(0, 0, 0, 0.0, 0.0, 0.0)
+    replayed = arm.condition == REPLAY_CONDITION
+    cost_known = not replayed and _all_true(arm.records, "cost_known")
+    out: dict[str, Any] = usage.as_dict()
+    out["cost_usd"] = usage.cost_usd if cost_known else None
+    out["cost_known"] = cost_known
+    out["usage_reported"] = not replayed and _all_true(arm.records, "usage_reported")  # False: tokens undercount
+    return out
+
+
+def uncounted_speedups(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Correct, timed, finished samples whose speedup does not count (an integrity flag: uses_nccl, ...), with
+    how often each disqualifying flag was raised. Without this a correct arm's empty fast_p reads as slow."""
+    flags: Counter[str] = Counter()
+    n = 0
+    for r in metrics.finished(records):
+        if r.get("correct") and r.get("speedup") is not None and metrics.counted_speedup(r) is None:
+            n += 1
+            flags.update(f for f in r.get("flags") or [] if f in SPEEDUP_DISQUALIFIERS)
+    return {"samples": n, "flags": dict(sorted(flags.items()))}
+
+
 def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
     scores, excluded = metrics.eligible(arm.scores, k)
     stat = headline_metrics(k)
     finished = metrics.finished(arm.records)
-    usage = metrics.usage_totals(arm.records).get(arm.condition)
     speedups = [v for s in scores for v in s.speedups]
     dist = metrics.summarize(speedups)
     roof = metrics.roofline_summary(scores)
@@ -122,10 +157,12 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
         "geomean_speedup": metrics.geomean_speedup(scores),
         "speedup": dist.as_dict() if dist else None,
         "speedups": speedups,
+        "speedups_not_counted": uncounted_speedups(arm.records),
         "roofline_fraction": roof.as_dict() if roof else None,
         "roofline_fractions": [v for s in scores for v in s.roofline_fractions],
         "failures": metrics.failure_counts(arm.records),
-        "usage": (usage or metrics.Usage(0, 0, 0, 0.0, 0.0, 0.0)).as_dict(),
+        "device": arm.run.config.get("device"),
+        "usage": arm_usage(arm),
         "per_category": {cat: {"pass_at_k": iv.as_dict(), "fast_1_at_k": fast_by_cat[cat].as_dict()}
                          for cat, iv in pass_by_cat.items()},
         "fast_p_curve": [[p, v] for p, v in metrics.fast_p_curve(scores, k)],
@@ -167,11 +204,43 @@ def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int) -> tupl
     return base.label, out
 
 
+SETTINGS_COMPARED = (("device", "device"), ("world_size", "world size"), ("shape", "shape"))
+
+
+def notes(runs: Sequence[Run]) -> list[str]:
+    """What a reader must know before comparing the numbers: unlike settings, conditions without samples."""
+    out = []
+    if len(runs) > 1:
+        for key, name in SETTINGS_COMPARED:
+            values = [r.config.get(key) for r in runs]
+            if len(set(map(str, values))) > 1:
+                seen = ", ".join(f"{label}: {v}" for label, v in zip(run_labels(runs), values, strict=True))
+                out.append(f"the runs differ in {name} ({seen}): their speedups and costs are not comparable")
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        missing = [str(c) for c in run.config.get("conditions", []) if str(c) not in run.conditions]
+        if missing:
+            out.append(f"run {label}: no sample yet for {', '.join(missing)}")
+    return out
+
+
+def check_runs(runs: Sequence[Run]) -> None:
+    """Refuse what cannot make a meaningful report: no run, a run given twice, a run without any sample."""
+    if not runs:
+        raise ReportError("no run to report on")
+    paths = Counter(r.path for r in runs)
+    twice = next((p for p, n in paths.items() if n > 1), None)
+    if twice is not None:
+        raise ReportError(f"run {twice} is given twice")
+    for run in runs:
+        if not run.samples:
+            raise ReportError(f"run {run.run_id} ({run.path}) has no sample yet: nothing to report "
+                              "(still starting, or stopped before its first sample)")
+
+
 def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
           resamples: int = metrics.DEFAULT_RESAMPLES) -> Report:
     """Compute every metric of the report. k defaults to the runs' samples per problem."""
-    if not runs:
-        raise ReportError("no run to report on")
+    check_runs(runs)
     if k is None:
         k = default_k(runs)
     if k < 1:
@@ -189,6 +258,7 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         "seed": seed,
         "resamples": resamples,
         "level": metrics.DEFAULT_LEVEL,
+        "notes": notes(runs),
         "runs": [{"run_id": r.run_id, "path": r.path, "created_at": r.created_at,
                   "model": str(r.config.get("model", "")), "conditions": r.conditions,
                   "samples": r.samples_per_problem, "device": r.config.get("device"),
@@ -199,6 +269,12 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         "baseline": baseline,
         "comparisons": comparisons,
     }
+    for arm in data["arms"]:
+        uncounted = arm["speedups_not_counted"]
+        if uncounted["samples"]:
+            why = ", ".join(f"{flag} ×{n}" for flag, n in uncounted["flags"].items()) or "not fast-eligible"
+            data["notes"].append(f"{arm['label']}: the speedups of {uncounted['samples']} correct sample(s) do not "
+                                 f"count toward fast_p or the speedup figures ({why})")
     return Report(data=data, arms=arms, runs=list(runs))
 
 
@@ -234,9 +310,6 @@ def fast_p_figure(report: Report) -> bytes:
     fig = Figure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     k = report.k
-    if not report.data["arms"]:
-        _empty(ax, "no sample yet")
-        return _png(fig)
     for arm in report.data["arms"]:
         curve = np.asarray(arm["fast_p_curve"], dtype=float)
         ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2)
@@ -353,6 +426,35 @@ def fmt_tokens(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else (f"{n / 1e3:.1f}k" if n >= 1e3 else str(n))
 
 
+def fmt_cost(usd: float | None) -> str:
+    """Dollars; None (not priced: a model missing from the price table, or replayed code) is n/a, never $0."""
+    if usd is None:
+        return NOT_AVAILABLE
+    if usd == 0 or usd >= 1:
+        return f"${usd:,.2f}"
+    return f"${usd:.4f}"  # cents would round a small run's cost to $0.00, which reads as free
+
+
+def fmt_usage_tokens(usage: dict[str, Any]) -> str:
+    """Tokens; where a reply came without counts the sum is a lower bound (≥), and n/a when nothing was counted."""
+    if usage.get("usage_reported", True):
+        return fmt_tokens(int(usage["tokens"]))
+    return f"≥{fmt_tokens(int(usage['tokens']))}" if usage["tokens"] else NOT_AVAILABLE
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fmt_gpu_seconds(seconds: float, device: str | None) -> str:
+    # A CPU run leases rank slots, not GPUs: its gpu_s counts CPU slot time, which is no GPU time at all.
+    return f"{NOT_AVAILABLE} (cpu)" if device == "cpu" else fmt_seconds(seconds)
+
+
 def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     head = ["run", "model", "conditions", "samples", "device", "W", "shape", "created"]
     keys = ("run_id", "model", "conditions", "samples", "device", "world_size", "shape", "created_at")
@@ -372,8 +474,8 @@ def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         u = a["usage"]
         rows.append([a["label"], str(a["problems"]), f"{a['samples']['finished']}/{a['samples']['total']}"]
                     + [fmt_interval(a[key]) for key, _ in HEADLINE_METRICS]
-                    + [fmt_speedup(a["geomean_speedup"]), f"${u['cost_usd']:.2f}", fmt_tokens(u["tokens"]),
-                       f"{u['wall_s']:.0f} s", f"{u['gpu_s']:.0f} s"])
+                    + [fmt_speedup(a["geomean_speedup"]), fmt_cost(u["cost_usd"]), fmt_usage_tokens(u),
+                       fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
     return head, rows
 
 
@@ -497,8 +599,8 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
             f"Means over problems with a {d['level']:.0%} bootstrap interval (percentile method, "
             f"{d['resamples']} resamples of problems, seed {d['seed']}); k = {k}. fast_p counts samples that "
             "are correct and faster than p times the reference.", "", md_table(*headline_rows(report))]
-    if not d["arms"]:
-        out.append(f"\n{NO_SAMPLES}")
+    for note in d["notes"]:
+        out.append(f"\nNote: {note}.")
     excluded = [(a["label"], a["excluded_problems"]) for a in d["arms"] if a["excluded_problems"]]
     for label, names in excluded:
         out.append(f"\n{label}: left out (fewer than {k} finished samples): {', '.join(names)}")
@@ -614,17 +716,24 @@ def _sample_summary(s: Sample) -> str:
     r = s.record
     bits = [f"sample {r.sample}", _verdict_span(r.verdict, r.correct)]
     if r.speedup is not None:
-        bits.append(esc(f"{r.speedup:.2f}x"))
+        counted = metrics.counted_speedup(r.metrics_view()) is not None or not r.correct
+        bits.append(esc(f"{r.speedup:.2f}x" + ("" if counted else " (not counted)")))
     bits += [esc(f"{r.turns} turns"), esc(f"stop: {r.stop_reason or '—'}"), esc(f"{r.status}")]
     return " · ".join(bits)
 
 
-def _sample_html(s: Sample) -> str:
+def sample_cost(s: Sample) -> float | None:
+    """The sample's dollars, None where unknown (no price for the model, or replayed code)."""
+    known = (s.record.usage.model_extra or {}).get("cost_known", True) is not False
+    return s.record.usage.cost_usd if known and s.record.condition != REPLAY_CONDITION else None
+
+
+def _sample_html(s: Sample, device: str | None) -> str:
     r = s.record
     calls = ", ".join(f"{k} {v}" for k, v in sorted(r.tool_calls.items())) or "none"
     meta = (f'<div class="note">model {esc(r.model)} · tokens {r.usage.input_tokens} in / '
-            f'{r.usage.output_tokens} out · ${r.usage.cost_usd:.4f} · wall {r.wall_s:.1f} s · '
-            f'GPU {r.gpu_s:.1f} s · tool calls: {esc(calls)}'
+            f'{r.usage.output_tokens} out · cost {esc(fmt_cost(sample_cost(s)))} · wall {fmt_seconds(r.wall_s)} · '
+            f'GPU {esc(fmt_gpu_seconds(r.gpu_s, device))} · tool calls: {esc(calls)}'
             + (f" · flags: {esc(', '.join(r.flags))}" if r.flags else "") + "</div>")
     candidates = {c.path: c for c in s.candidates}
     shown: set[str] = set()
@@ -648,6 +757,7 @@ def _sample_html(s: Sample) -> str:
 def transcripts_html(report: Report) -> str:
     out = []
     for arm in report.arms:
+        device = arm.run.config.get("device")
         by_problem: dict[str, list[Sample]] = {}
         for s in arm.samples:
             by_problem.setdefault(s.record.problem, []).append(s)
@@ -655,7 +765,7 @@ def transcripts_html(report: Report) -> str:
         for problem, samples in sorted(by_problem.items()):
             ok = sum(1 for s in samples if s.record.correct)
             inner.append(f'<details class="problem"><summary>{esc(problem)} — {ok}/{len(samples)} correct'
-                         f'</summary>{"".join(_sample_html(s) for s in samples)}</details>')
+                         f'</summary>{"".join(_sample_html(s, device) for s in samples)}</details>')
         out.append(f'<details class="arm"><summary>{esc(arm.label)} ({len(arm.samples)} samples)</summary>'
                    f'{"".join(inner)}</details>')
     return "\n".join(out)
@@ -680,7 +790,7 @@ def to_html(report: Report) -> str:
         f'{d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
         "correct and faster than p times the reference.</p>",
         html_table(*headline_rows(report), "headline-table"), excluded,
-        f'<p class="note">{esc(NO_SAMPLES)}</p>' if not d["arms"] else "", "</section>",
+        "".join(f'<p class="note">Note: {esc(note)}.</p>' for note in d["notes"]), "</section>",
     ]
     if d["comparisons"]:
         parts += ['<section id="comparison"><h2>Comparison</h2>',

@@ -1,18 +1,27 @@
-"""`pkb report`: markdown, HTML and JSON from a synthetic run directory; bad input; a headless browser."""
+"""`pkb report`: markdown, HTML and JSON of a synthetic run directory (exact numbers) and of a real CPU
+`pkb run` with a scripted model (also opened in a headless Chromium); bad input."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from langchain_core.messages import AIMessage
 
-from agent import cli, cli_report
+from agent import cli
 from agent.report import build
+from agent.scripted import register_script
+from harness import metrics
 from harness.run_reader import RunFormatError, read_run
+from tests.conftest import CANDIDATES
 
 CONDITIONS = ("zero-shot", "agent:check+compile")
 PROBLEMS = (("all_reduce", "collective"), ("all_gather", "collective"), ("ulysses_all_to_all", "sequence"))
@@ -37,15 +46,17 @@ def _write(path: Path, payload) -> None:
     path.write_text(payload if isinstance(payload, str) else json.dumps(payload, indent=1))
 
 
-def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, samples: int = 3) -> Path:
-    """A run directory in docs/run-layout.md's format, with transcripts and candidates."""
+def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, samples: int | None = 3, *,
+             usage: dict[str, dict] | None = None, **config) -> Path:
+    """A run directory in docs/run-layout.md's format, with transcripts and candidates. `usage` adds keys to
+    a condition's sample usage (e.g. cost_known); `config` overrides run.json's config."""
     run = root / run_id
     conditions = list(outcomes)
     _write(run / "run.json", {
         "schema": "pkb-run/1", "run_id": run_id, "created_at": "2026-11-29T19:00:00+00:00",
         "config": {"model": "scripted:demo", "conditions": conditions, "samples": samples,
                    "problems": [p for p, _ in PROBLEMS], "device": "cpu", "world_size": 2, "shape": "small",
-                   "budgets": {"max_turns": 8}, "seed": 0},
+                   "budgets": {"max_turns": 8}, "seed": 0, **config},
         "versions": {"pkb_agent": "0.1.0", "torch": "2.13.0", "python": "3.11"},
         "prompt_hashes": {"system.md": "0" * 64}, "topology": None, "environment": {},
     })
@@ -61,7 +72,8 @@ def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, sampl
                     "stop_reason": "no_code" if verdict == "no_code" else ("submitted" if agent else "zero_shot"),
                     "verdict": verdict, "correct": verdict == "correct", "speedup": speedup, "flags": [],
                     "roofline_fraction": roof,
-                    "usage": {"input_tokens": 1200 * (3 if agent else 1), "output_tokens": 300, "cost_usd": 0.01},
+                    "usage": {"input_tokens": 1200 * (3 if agent else 1), "output_tokens": 300, "cost_usd": 0.01,
+                              **(usage or {}).get(condition, {})},
                     "turns": 3 if agent else 1, "tool_calls": {"check": 1, "compile": 1} if agent else {},
                     "wall_s": 10.0, "gpu_s": 2.0 if agent else 0.5,
                     "started_at": "2026-11-29T19:00:01+00:00", "finished_at": "2026-11-29T19:00:11+00:00",
@@ -95,14 +107,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def pkb(argv: list[str]) -> int:
-    """`pkb` with the report command registered (whether or not agent/cli.py lists it yet)."""
-    modules = cli.COMMAND_MODULES
-    if cli_report not in modules:
-        cli.COMMAND_MODULES = (*modules, cli_report)
-    try:
-        return cli.main(argv)
-    finally:
-        cli.COMMAND_MODULES = modules
+    return cli.main(argv)
 
 
 # -- the report's numbers -----------------------------------------------------------------------------
@@ -184,7 +189,7 @@ def test_two_runs_side_by_side(tmp_path: Path):
 # -- bad input ----------------------------------------------------------------------------------------
 def _one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and err.startswith("pkb: error: "), err
     return err
 
 
@@ -196,6 +201,10 @@ def test_bad_inputs_exit_2_with_one_line(run_dir: Path, tmp_path: Path, capsys):
     assert pkb(["report", str(tmp_path / "empty")]) == 2
     assert "run.json is missing" in _one_line_error(capsys)
 
+    # the folder of runs instead of a run: the error names the runs in it
+    assert pkb(["report", str(tmp_path)]) == 2
+    assert "it holds runs: run-a (give one of those)" in _one_line_error(capsys)
+
     other = tmp_path / "other"
     shutil.copytree(run_dir, other)
     header = json.loads((other / "run.json").read_text())
@@ -203,11 +212,149 @@ def test_bad_inputs_exit_2_with_one_line(run_dir: Path, tmp_path: Path, capsys):
     assert pkb(["report", str(other)]) == 2
     assert "schema 'pkb-run/2'" in _one_line_error(capsys)
 
+    # a run of this version holding a sample written by another one
+    newer = tmp_path / "newer"
+    shutil.copytree(run_dir, newer)
+    sample = newer / "samples" / "all_reduce" / "zero-shot" / "1" / "sample.json"
+    sample.write_text(json.dumps({**json.loads(sample.read_text()), "schema": "pkb-sample/2"}))
+    assert pkb(["report", str(newer)]) == 2
+    assert "schema 'pkb-sample/2'; this version reads 'pkb-sample/1'" in _one_line_error(capsys)
+
     assert pkb(["report", str(run_dir), "--k", "4"]) == 2
     assert "exceeds the 3 samples per problem" in _one_line_error(capsys)
+    assert pkb(["report", str(run_dir), "--k", "0"]) == 2
+    assert "--k must be at least 1" in _one_line_error(capsys)
+
+    assert pkb(["report", str(run_dir), str(run_dir) + "/"]) == 2
+    assert "is given twice" in _one_line_error(capsys)
+
+    assert pkb(["report", str(run_dir), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in _one_line_error(capsys)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert pkb(["report", str(run_dir), "--out", str(blocked / "report.html")]) == 2
+    assert f"cannot write {blocked / 'report.html'}" in _one_line_error(capsys)
+    assert pkb(["report", str(run_dir), "--out", str(blocked / "report.md")]) == 2
+    assert "cannot write the figures" in _one_line_error(capsys)
 
     with pytest.raises(RunFormatError):
         read_run(tmp_path / "empty")
+
+
+def test_a_run_without_samples_is_one_line_and_exit_2(tmp_path: Path, capsys):
+    """run.json written, no sample yet (just started, or killed early): no report of empty tables."""
+    run = make_run(tmp_path, "starting")
+    shutil.rmtree(run / "samples")
+    for fmt in ("md", "html", "json"):
+        assert pkb(["report", str(run), "--format", fmt]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        err = captured.err.strip()
+        assert len(err.splitlines()) == 1 and "run starting" in err and "has no sample yet" in err, err
+    # beside a run that has samples it is refused too: it would silently be missing from the comparison
+    assert pkb(["report", str(make_run(tmp_path, "run-b")), str(run)]) == 2
+    assert "run starting" in _one_line_error(capsys)
+
+
+# -- a real run: `pkb run` on CPU with a scripted model ------------------------------------------------
+CORRECT = (CANDIDATES / "correct_all_gather_sum.py").read_text()
+BROKEN = (CANDIDATES / "compile_error_syntax.py").read_text()  # fails to compile: no rank starts
+REAL_CONDITIONS = ("zero-shot", "agent:compile")
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pkb run` on CPU (gloo, W=2, shape small): zero-shot and agent:compile, 2 samples of all_reduce.
+
+    The scripted model's first reply has broken code in its text and a compile call of a correct kernel:
+    zero-shot scores the text (compile_error); the agent compiles, then submits the correct kernel, which
+    the final scoring checks and times. The scripted model has no price, so the run's cost is unknown.
+    """
+    register_script("test-report", [
+        AIMessage(content=f"A kernel:\n\n```python\n{BROKEN}```\n",
+                  tool_calls=[{"name": "compile", "args": {"source": CORRECT}, "id": "call_0", "type": "tool_call"}]),
+        ("tool", "submit", {"source": CORRECT}),
+    ])
+    runs = tmp_path_factory.mktemp("runs")
+    code = pkb(["run", "--model", "scripted:test-report", "--condition", ",".join(REAL_CONDITIONS),
+                "--problems", "all_reduce", "--samples", "2", "--device", "cpu", "--world-size", "2",
+                "--shape", "small", "--trials", "2", "--runs-dir", str(runs), "--run-id", "real"])
+    assert code == 0
+    return runs / "real"
+
+
+def md_rows(text: str, header: str) -> list[list[str]]:
+    """The body rows of the markdown table whose header line starts with `header`, as cells."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def html_rows(page: str, table_id: str) -> list[list[str]]:
+    """The body rows of <table id=table_id>, as unescaped cell texts."""
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.S)
+    assert table, f"no table {table_id}"
+    body = table.group(1).split("</thead>", 1)[1]
+    return [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
+def test_report_of_a_real_run_markdown_and_json(real_run: Path, tmp_path: Path, capsys):
+    run = read_run(real_run)
+    assert {(s.record.condition, s.record.sample): s.record.verdict for s in run.samples} == {
+        ("zero-shot", 0): "compile_error", ("zero-shot", 1): "compile_error",
+        ("agent:compile", 0): "correct", ("agent:compile", 1): "correct"}
+    correct = [s.record for s in run.samples if s.record.correct]
+    assert all(r.speedup and r.speedup > 0 for r in correct)  # timed: on CPU any value
+    # a speedup counts unless an integrity flag disqualifies it (on CPU the kernel's collectives are torch's:
+    # uses_nccl); the report must agree with harness.metrics on which
+    speedups = sorted(v for r in correct if (v := metrics.counted_speedup(r.metrics_view())) is not None)
+    uncounted = len(correct) - len(speedups)
+
+    capsys.readouterr()
+    assert pkb(["report", str(real_run), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    arms = {a["condition"]: a for a in data["arms"]}
+    assert data["k"] == 2 and list(arms) == list(REAL_CONDITIONS)
+    zero, agent = arms["zero-shot"], arms["agent:compile"]
+    assert zero["pass_at_1"]["mean"] == zero["pass_at_k"]["mean"] == 0.0
+    assert agent["pass_at_1"]["mean"] == agent["pass_at_k"]["mean"] == 1.0
+    assert zero["failures"]["nvcc/syntax"] == 2 and agent["failures"]["correct"] == 2
+    assert sorted(agent["speedups"]) == pytest.approx(speedups)
+    assert agent["speedups_not_counted"]["samples"] == uncounted
+    if uncounted:  # said, with the flags, rather than leaving an empty fast_p curve unexplained
+        (note,) = data["notes"]
+        assert note.startswith(f"agent:compile: the speedups of {uncounted} correct sample(s) do not count"), note
+    else:
+        assert data["notes"] == []
+    assert agent["fast_1_at_k"]["mean"] == float(any(v > 1.0 for v in speedups))
+    curve = {p: v for p, v in agent["fast_p_curve"]}
+    assert curve[0.0] == float(bool(speedups)) and curve[3.0] == float(any(v > 3.0 for v in speedups))
+    # the scripted model is not in the price table: its cost is unknown (null), not $0; each reply reports
+    # 100 input and 20 output tokens (zero-shot: one reply a sample; the agent: compile, then submit)
+    for arm, replies in ((zero, 2), (agent, 4)):
+        assert arm["usage"]["cost_usd"] is None and arm["usage"]["cost_known"] is False
+        assert arm["usage"]["tokens"] == replies * 120 and arm["usage"]["usage_reported"] is True
+    (comparison,) = data["comparisons"]
+    assert comparison["treatment"] == "agent:compile" and comparison["metrics"]["pass_at_k"]["mean"] == 1.0
+
+    out = tmp_path / "real.md"
+    assert pkb(["report", str(real_run), "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = {row[0]: row for row in md_rows(text, "| condition | problems | samples | pass@1 | pass@2 |")}
+    assert list(rows) == list(REAL_CONDITIONS)
+    assert rows["zero-shot"][1:5] == ["1", "2/2", "0.00 [0.00, 0.00]", "0.00 [0.00, 0.00]"]
+    assert rows["agent:compile"][1:5] == ["1", "2/2", "1.00 [1.00, 1.00]", "1.00 [1.00, 1.00]"]
+    assert rows["agent:compile"][7] == (f"{np.exp(np.mean(np.log(speedups))):.2f}x" if speedups else "—")  # geomean
+    assert [rows[c][8:10] for c in REAL_CONDITIONS] == [["n/a", "240"], ["n/a", "480"]]  # cost, tokens
+    assert "$0.00" not in text and "n/a (cpu)" in rows["agent:compile"][11]  # no GPU seconds on a CPU run
+    assert "![fast_p curve](real_figures/fast_p.png)" in text
+    assert (out.parent / "real_figures" / "fast_p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # -- a headless browser -------------------------------------------------------------------------------
@@ -215,6 +362,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--enable-logging=stderr", "--v=0"]
+TABLE_HEADER = (0xEE, 0xF0, 0xF3)  # the CSS's th background
 
 
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
@@ -226,30 +374,74 @@ def _console_errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
 
 
+def _rgb8(image: np.ndarray) -> np.ndarray:
+    return (image[..., :3] * 255).round().astype(np.uint8)
+
+
+def find_image(screen: np.ndarray, image: np.ndarray) -> tuple[int, int] | None:
+    """(top, left) where `image` is drawn pixel for pixel in `screen`, None if nowhere.
+
+    One busy row of the image is searched for in each screen row as bytes, then the whole image is compared
+    at each hit. Exact: the page shows the PNG at its own size (max-width only shrinks a wider one).
+    """
+    h, w, _ = image.shape
+    row = int(np.argmax((image < 250).any(axis=2).sum(axis=1)))
+    needle = image[row].tobytes()
+    for y in range(row, screen.shape[0] - (h - row) + 1):
+        line = screen[y].tobytes()
+        at = line.find(needle)
+        while at != -1:
+            top, left = y - row, at // 3
+            if at % 3 == 0 and np.array_equal(screen[top:top + h, left:left + w], image):
+                return top, left
+            at = line.find(needle, at + 1)
+    return None
+
+
+def header_bands(screen: np.ndarray) -> int:
+    """How many separate horizontal bands of table-header background (a table's header row) are drawn."""
+    rows = (screen == np.array(TABLE_HEADER, dtype=np.uint8)).all(axis=2).sum(axis=1) > 40
+    return int(np.sum(rows[1:] & ~rows[:-1]) + rows[0])
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (/usr/bin/chromium)")
-def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path):
+def test_report_of_a_real_run_renders_in_headless_chromium(real_run: Path, tmp_path: Path):
     from matplotlib.image import imread
 
+    # the console check can fail: a page that logs an error is caught
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!doctype html><html><body><script>console.error("boom")</script></body></html>')
+    probe = _chromium(["--dump-dom", bad.resolve().as_uri()], tmp_path / "profile-probe")
+    assert any("boom" in line for line in _console_errors(probe.stderr)), probe.stderr[-2000:]
+
     page = tmp_path / "report.html"
-    assert pkb(["report", str(run_dir), "--format", "html", "--out", str(page)]) == 0
+    assert pkb(["report", str(real_run), "--format", "html", "--out", str(page)]) == 0
+    text = page.read_text()
     url = page.resolve().as_uri()
 
     dom = _chromium(["--dump-dom", url], tmp_path / "profile-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert not _console_errors(dom.stderr), _console_errors(dom.stderr)
-    assert 'id="headline-table"' in dom.stdout and "pass@3" in dom.stdout
+    rows = html_rows(dom.stdout, "headline-table")
+    assert [r[0] for r in rows] == list(REAL_CONDITIONS)
+    assert rows[0][2:5] == ["2/2", "0.00 [0.00, 0.00]", "0.00 [0.00, 0.00]"]
+    assert rows[1][2:5] == ["2/2", "1.00 [1.00, 1.00]", "1.00 [1.00, 1.00]"]
+    assert rows[0][8] == rows[1][8] == "n/a"  # cost
+    assert "cost n/a" in dom.stdout and "$0.0000" not in dom.stdout  # every sample's line, too
     assert re.search(r'<img[^>]+id="fast_p-plot"[^>]+src="data:image/png;base64,', dom.stdout)
 
     shot = tmp_path / "shot.png"
     run = _chromium([f"--screenshot={shot}", "--window-size=1400,2000", url], tmp_path / "profile-shot")
     assert run.returncode == 0, run.stderr[-2000:]
     assert not _console_errors(run.stderr), _console_errors(run.stderr)
-    pixels = imread(shot)[..., :3]
-    assert pixels.shape[:2] == (2000, 1400)
-    colours = {tuple(p) for p in (pixels[::7, ::7] * 255).astype(int).reshape(-1, 3).tolist()}
-    assert len(colours) > 50, "the screenshot is (nearly) one colour"
-    # The fast_p plot sits right under the headline table: its first line is matplotlib's C0 blue, a colour
-    # the page's CSS never uses, so finding it in the screenshot means the embedded PNG was drawn.
-    blue = (abs(pixels[..., 0] * 255 - 31) < 12) & (abs(pixels[..., 1] * 255 - 119) < 12) & (
-        abs(pixels[..., 2] * 255 - 180) < 12)
-    assert int(blue.sum()) > 200, "the fast_p plot's line is not in the screenshot"
+    screen = _rgb8(imread(shot))
+    assert screen.shape[:2] == (2000, 1400)
+    # the fast_p plot: the PNG embedded in the page, found pixel for pixel in the screenshot
+    encoded = re.search(r'id="fast_p-plot"[^>]+src="data:image/png;base64,([^"]+)"', text)
+    assert encoded
+    plot = _rgb8(imread(io.BytesIO(base64.b64decode(encoded.group(1))), format="png"))
+    where = find_image(screen, plot)
+    assert where is not None, "the fast_p plot is not drawn in the screenshot"
+    # above it, the tables are drawn: the runs table, the headline table and the comparison, each with its
+    # header row in the CSS's header colour
+    assert header_bands(screen[:where[0]]) == 3
