@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ncu-metrics", default=",".join(nsight.DEFAULT_SETS),
                    help=f"metric sets ({', '.join(nsight.METRIC_SETS)}) or metric names, comma-separated; "
                         "one ncu run per set")
-    p.add_argument("--ncu-replay", choices=("application", "kernel"), default="application")
+    p.add_argument("--ncu-replay", choices=("kernel", "application"), default="kernel")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the profile as JSON")
     out.add_argument("--text", action="store_true", help="print the short text a model gets (<= 600 tokens)")

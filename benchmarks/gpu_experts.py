@@ -26,6 +26,7 @@ EXPERTS = [
     ("all_reduce", "collective/solutions/all_reduce__one_shot.py", ["small", "decode", "1mib", "default"]),
     ("all_reduce", "collective/solutions/all_reduce__two_shot.py", ["small", "1mib", "default", "large"]),
     ("all_reduce", "collective/solutions/all_reduce__two_shot_copy_engine.py", ["small", "1mib", "default", "large"]),
+    ("all_reduce", "collective/solutions/all_reduce__two_shot_push.py", ["small", "1mib", "default", "large"]),
     ("all_gather", "collective/solutions/all_gather__pull.py", ["small", "decode", "default"]),
     ("all_gather", "collective/solutions/all_gather__copy_engine.py", ["small", "decode", "default"]),
     ("reduce_scatter", "collective/solutions/reduce_scatter__pull.py", ["small", "default"]),

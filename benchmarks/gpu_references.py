@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--shape", default="default")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per phase per problem")
+    parser.add_argument("--keep-logs", type=Path, default=None, help="keep the rank processes' logs here")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     problems = [p for p in select(load_suite(), args.selection) if p.supports(args.world_size)]
@@ -40,7 +41,7 @@ def main() -> int:
     progress = (args.out / "references.jsonl").open("w")  # line by line: a timeout keeps what was done
     for p in problems:
         if pool is None:
-            pool = RankPool(args.world_size, args.device).start()
+            pool = RankPool(args.world_size, args.device, keep_logs=args.keep_logs).start()
         row = {"problem": p.name, "category": p.category}
         started = time.perf_counter()
         try:

@@ -193,7 +193,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     if args.calibrate:
-        subprocess.run([sys.executable, "-m", "agent.cli", "topology", "--calibrate"], cwd=ROOT, check=False)
+        # benchmarks/calibrate.py measures and caches the profile like `pkb topology --calibrate`, with the
+        # harness's imports only (the GPU node has no agent dependencies).
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--out", str(args.out)],
+                       cwd=ROOT, check=False)
     if not args.skip_roofline:
         run_rooflines(args)
     if not args.skip_ncu:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,29 @@ def test_console_script_reports_without_traceback():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "nope" in proc.stderr
+
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {"langgraph", "langchain_openai", "langchain_anthropic", "langchain_core"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+from agent.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["run", "--model", "scripted:x", "--problems", "all_reduce"], 2, "pkb run needs the Python package 'lang"),
+    (["problems", "list", "collective"], 0, "all_reduce"),
+])
+def test_harness_commands_work_where_the_agent_stack_is_not_installed(argv, code, says):
+    # A GPU node often has torch but not the model stack: pkb problems/eval/topology/... must still run
+    # there, and pkb run must say in one line what is missing.
+    done = subprocess.run([sys.executable, "-c", BLOCKER, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == code, done.stderr
+    assert says in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr

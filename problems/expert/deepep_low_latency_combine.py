@@ -70,20 +70,15 @@ def solution(
     world_size = dist.get_world_size()
     num_local = packed_recv_layout_range.shape[0]
     num_tokens = topk_idx.shape[0]
-    counts = packed_recv_layout_range & 0xFFFFFFFF  # [local expert, source rank]
-    begin = packed_recv_layout_range >> 32
-    expert_start = counts.sum(dim=1).cumsum(dim=0) - counts.sum(dim=1)
-
-    # rows grouped by the rank that owns their token: for each source rank, its (expert, token) rows
-    pieces = []
-    for s in range(world_size):
-        for le in range(num_local):
-            start = int(expert_start[le] + begin[le, s])
-            pieces.append(torch.arange(start, start + int(counts[le, s]), device=x.device))
-    send_rows = torch.cat(pieces)
-    send_sizes = counts.sum(dim=0).tolist()
+    counts = packed_recv_layout_range & 0xFFFFFFFF  # [local expert, source rank]; rows are packed in this order
+    # Each stored row's owner rank; a stable sort groups the rows by owner and keeps (expert, token) order.
+    owner = torch.arange(world_size, device=x.device).repeat(num_local)
+    owner_of_row = torch.repeat_interleave(owner, counts.reshape(-1), output_size=x.shape[0])
+    send_rows = torch.sort(owner_of_row, stable=True).indices
     # what comes back: this rank's (token, expert) pairs, per expert rank
-    recv_sizes = torch.bincount(topk_idx.reshape(-1) // num_local, minlength=world_size).tolist()
+    recv_counts = torch.bincount(topk_idx.reshape(-1) // num_local, minlength=world_size)
+    sizes = torch.cat([counts.sum(dim=0), recv_counts]).tolist()  # NCCL needs the split sizes on the host
+    send_sizes, recv_sizes = sizes[:world_size], sizes[world_size:]
 
     def send_back(payload: torch.Tensor) -> torch.Tensor:
         out = payload.new_empty(sum(recv_sizes), *payload.shape[1:])
@@ -94,7 +89,8 @@ def solution(
     token = send_back(packed_recv_src_info[send_rows]).long()
     # rows from expert rank d arrive expert by expert: recover each row's global expert id
     per_expert = torch.bincount(topk_idx.reshape(-1), minlength=world_size * num_local)
-    expert = torch.repeat_interleave(torch.arange(world_size * num_local, device=x.device), per_expert)
+    expert = torch.repeat_interleave(torch.arange(world_size * num_local, device=x.device), per_expert,
+                                     output_size=topk_idx.numel())
     dense_weights = torch.zeros(num_tokens, world_size * num_local, device=x.device)
     dense_weights.scatter_(1, topk_idx, topk_weights)
     weighted = rows.float() * dense_weights[token, expert].unsqueeze(-1)
