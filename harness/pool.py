@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import struct
 import subprocess
@@ -51,6 +52,62 @@ class Hang(RuntimeError):
         self.replies = replies
         self.timeout = timeout
 
+
+
+# -- folders of pools whose harness was killed -----------------------------------------------------
+# A pool removes its folder when closed or killed, but a harness killed with SIGKILL (a `pkb run` stopped
+# mid-evaluation) cannot: its ranks die of a broken pipe and the folder stays. Every pool notes its
+# owner (pid and process start time, so a recycled pid is not mistaken for it) and, on start, removes
+# the folders whose owner is gone.
+FOLDER_PREFIX = "pkb-pool-"
+OWNER_FILE = "owner"
+LEGACY_AGE_S = 3600.0  # a folder without an owner file (an older version's) counts as stale after this
+
+
+def _process_identity(pid: int) -> str | None:
+    """'pid starttime' on Linux (starttime from /proc: unique per boot), 'pid' elsewhere; None if no such
+    process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f"{pid} {f.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return None if Path("/proc/self/stat").exists() else str(pid)
+
+
+def _owner_alive(identity: str) -> bool:
+    fields = identity.split()
+    if not fields or not fields[0].isdigit():
+        return False
+    return _process_identity(int(fields[0])) == identity
+
+
+def reap_stale_folders(root: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove pool folders under `root` (the temp folder) whose owning harness process is gone."""
+    removed = []
+    now = time.time() if now is None else now
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        try:
+            identity = (folder / OWNER_FILE).read_text().strip()
+        except FileNotFoundError:
+            try:
+                stale = now - folder.stat().st_mtime > LEGACY_AGE_S  # young: a pool still writing its owner
+            except OSError:
+                continue
+        except OSError:
+            continue
+        else:
+            stale = bool(identity) and not _owner_alive(identity)
+        if stale and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 @dataclass
 class _Rank:
@@ -104,7 +161,9 @@ class RankPool:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RankPool:
         started = time.perf_counter()
-        self.tmp = tempfile.TemporaryDirectory(prefix="pkb-pool-")
+        reap_stale_folders()
+        self.tmp = tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX)
+        (Path(self.tmp.name) / OWNER_FILE).write_text(_process_identity(os.getpid()) or "")
         init_file = Path(self.tmp.name) / "rendezvous"
         env = worker_env(self.device, self.extra_env)
         if self.device == "cuda" and self.gpus is not None:

@@ -10,6 +10,7 @@ import pickle
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -26,7 +27,7 @@ from harness.compile import compile_candidate, extensions_dir
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
 from harness.integrity import Guard, IntegrityConfig
-from harness.pool import Hang, RankPool
+from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
 from harness.problem import load_problem
 from harness.registry import get, load_suite
 from harness.validate import validate_problems
@@ -321,3 +322,53 @@ def test_validate_reports_a_one_rank_failure_not_a_deadlock(tmp_path):
     assert results["raises_on_rank1"].verdict == "infra_error"
     assert "rank one gave up" in results["raises_on_rank1"].message
     assert live_children() == []
+
+
+KILLED_HARNESS = """
+import os, signal, sys
+from harness.pool import RankPool
+pool = RankPool(2, "cpu").start()
+print(" ".join(str(r.proc.pid) for r in pool.ranks), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # what `kill -9` of a pkb run does: no cleanup runs
+"""
+
+
+def test_the_folder_of_a_harness_killed_mid_run_is_removed_by_the_next_pool(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", KILLED_HARNESS], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    rank_pids = [int(p) for p in done.stdout.split()]
+    left = list(tmp_path.glob("pkb-pool-*"))
+    assert len(left) == 1 and (left[0] / "owner").read_text().split()[0].isdigit()
+    deadline = time.monotonic() + 30
+    while any(pid_alive(p) for p in rank_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in rank_pids), "ranks outlived their killed harness"
+    assert reap_stale_folders(tmp_path) == left
+    assert not left[0].exists()
+
+
+def test_only_pool_folders_whose_owner_is_gone_are_reaped(tmp_path):
+    def folder(name: str, owner: str | None) -> Path:
+        path = tmp_path / f"pkb-pool-{name}"
+        path.mkdir()
+        if owner is not None:
+            (path / "owner").write_text(owner)
+        return path
+
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone_identity = _process_identity(gone.pid)
+    gone.kill()
+    gone.wait()
+    mine = _process_identity(os.getpid())
+    assert gone_identity and mine
+    dead = folder("dead", gone_identity)
+    live = folder("live", mine)
+    recycled = folder("recycled", f"{os.getpid()} 1")  # this pid, another start time: a reused pid
+    young_legacy = folder("young", None)
+    unrelated = tmp_path / "not-a-pool"
+    unrelated.mkdir()
+    assert sorted(reap_stale_folders(tmp_path)) == sorted([dead, recycled])
+    assert live.exists() and young_legacy.exists() and unrelated.exists()
+    assert reap_stale_folders(tmp_path, now=time.time() + LEGACY_AGE_S + 1) == [young_legacy]
