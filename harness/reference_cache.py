@@ -5,9 +5,12 @@ The reference is timed with exactly the candidate's protocol; caching only saves
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.results import TimingStats
@@ -37,12 +40,26 @@ def lookup(key: str) -> TimingStats | None:
     return stats.model_copy(update={"cached": True})
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock beside the cache: concurrent evaluations (pkb run --concurrency, several runs on
+    one node) each add their entry instead of the last writer dropping the others'."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def store(key: str, stats: TimingStats) -> None:
-    """Atomic read-modify-write: a concurrent reader never sees a half-written file."""
+    """Locked read-modify-write, replaced atomically: no entry is lost to a concurrent writer, and a
+    reader (which takes no lock) never sees a half-written file."""
     path = cache_file()
-    data = _read(path)
-    data[key] = stats.model_dump()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ref-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    with _locked(path):
+        data = _read(path)
+        data[key] = stats.model_dump()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ref-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)

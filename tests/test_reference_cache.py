@@ -1,0 +1,46 @@
+"""The reference-timing cache: entries round-trip, and concurrent writers lose nothing."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+from harness import reference_cache
+from harness.results import TimingStats
+
+
+def stats(median_ms: float) -> TimingStats:
+    return TimingStats(median_ms=median_ms, p10_ms=median_ms, p90_ms=median_ms, mean_ms=median_ms, cv=0.0,
+                       iterations=10, host_median_ms=median_ms, input_sets=2, spin_us=0.0, slowest_rank=0,
+                       rank_medians_ms=[median_ms, median_ms], clock="host")
+
+
+def writer(cache_dir: str, who: int, count: int) -> None:
+    os.environ["PKB_CACHE_DIR"] = cache_dir
+    for i in range(count):
+        reference_cache.store(f"writer{who}-entry{i}", stats(who + i / 100))
+
+
+def test_an_entry_comes_back_marked_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
+    assert reference_cache.lookup("k") is None
+    reference_cache.store("k", stats(1.5))
+    got = reference_cache.lookup("k")
+    assert got is not None and got.cached and got.median_ms == 1.5
+
+
+def test_concurrent_writers_lose_no_entry(tmp_path, monkeypatch):
+    # Eight processes add ten entries each at once (pkb run evaluates samples concurrently); an
+    # unlocked read-modify-write keeps only the last writer's view of the file.
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=writer, args=(str(tmp_path), who, 10)) for who in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
+    for who in range(8):
+        for i in range(10):
+            got = reference_cache.lookup(f"writer{who}-entry{i}")
+            assert got is not None and abs(got.median_ms - (who + i / 100)) < 1e-12
