@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from harness import reference_cache
 from harness.results import TimingStats
@@ -15,10 +17,15 @@ def stats(median_ms: float) -> TimingStats:
                        rank_medians_ms=[median_ms, median_ms], clock="host")
 
 
-def writer(cache_dir: str, who: int, count: int) -> None:
-    os.environ["PKB_CACHE_DIR"] = cache_dir
-    for i in range(count):
-        reference_cache.store(f"writer{who}-entry{i}", stats(who + i / 100))
+ROOT = Path(__file__).resolve().parent.parent
+WRITER = """
+import sys
+from harness import reference_cache
+from tests.test_reference_cache import stats
+who, count = int(sys.argv[1]), int(sys.argv[2])
+for i in range(count):
+    reference_cache.store(f"writer{who}-entry{i}", stats(who + i / 100))
+"""
 
 
 def test_an_entry_comes_back_marked_cached(tmp_path, monkeypatch):
@@ -32,13 +39,11 @@ def test_an_entry_comes_back_marked_cached(tmp_path, monkeypatch):
 def test_concurrent_writers_lose_no_entry(tmp_path, monkeypatch):
     # Eight processes add ten entries each at once (pkb run evaluates samples concurrently); an
     # unlocked read-modify-write keeps only the last writer's view of the file.
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=writer, args=(str(tmp_path), who, 10)) for who in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+    # Plain subprocesses: multiprocessing's spawn would leave its resource tracker running.
+    env = {**os.environ, "PKB_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(who), "10"], env=env, cwd=ROOT)
+             for who in range(8)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 8
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
     for who in range(8):
         for i in range(10):
