@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,3 +68,13 @@ def check_world_size(problem: Problem, world_size: int) -> None:
     if not problem.supports(world_size):
         sizes = ", ".join(map(str, problem.world_sizes))
         raise CliError(f"problem {problem.name} does not support world size {world_size}; it supports {sizes}")
+
+
+def add_target_arguments(p: argparse.ArgumentParser, solution_help: str) -> None:
+    """What `pkb roofline` and `pkb profile` look at: a problem, optionally a candidate, where and how big."""
+    p.add_argument("--problem", required=True, help="problem name")
+    p.add_argument("--solution", default=None, help=solution_help)
+    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--seed", type=int, default=0)

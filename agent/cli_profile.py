@@ -8,7 +8,7 @@ import json
 
 from rich.table import Table
 
-from agent.cli_common import CliError, console, existing_file, one_problem
+from agent.cli_common import CliError, add_target_arguments, console, existing_file, one_problem
 from agent.cli_roofline import check_run
 from harness import ncu as nsight
 from harness.profiling import ProfileError, ProfileReport, profile, render_text
@@ -17,12 +17,7 @@ from harness.profiling import ProfileError, ProfileReport, profile, render_text
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="per-rank kernel timeline (communication, compute, overlap, idle, skew) "
                                        "and, on GPUs, Nsight Compute metrics of one rank")
-    p.add_argument("--problem", required=True, help="problem name")
-    p.add_argument("--solution", default=None, help="candidate file (default: profile the reference)")
-    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=0)
+    add_target_arguments(p, "candidate file (default: profile the reference)")
     p.add_argument("--iters", type=int, default=5, help="profiled calls per rank")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--ncu", action=argparse.BooleanOptionalAction, default=None,

@@ -9,7 +9,15 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file, one_problem
+from agent.cli_common import (
+    CliError,
+    add_target_arguments,
+    check_shape,
+    check_world_size,
+    console,
+    existing_file,
+    one_problem,
+)
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
 from harness.pool import PoolError, RankPool
@@ -32,12 +40,7 @@ from harness.roofline import (
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("roofline", help="lower-bound time of a problem (interconnect, HBM, FLOPs) and the "
                                         "fraction of it the reference and a candidate reach")
-    p.add_argument("--problem", required=True, help="problem name")
-    p.add_argument("--solution", default=None, help="candidate file: evaluate it and show its fraction too")
-    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=0)
+    add_target_arguments(p, "candidate file: evaluate it and show its fraction too")
     p.add_argument("--no-timing", action="store_true", help="the bound only: time neither side")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the roofline record as JSON")

@@ -247,30 +247,25 @@ def _rooted(kind: str, rule: Callable[[int, int, bool], tuple[int, int]], root_k
     return handle
 
 
-def _gather(args: dict[str, Any]) -> list[Collective]:
-    if (g := _in_group(args)) is None:
-        return []
-    world, me = g
-    root = _as_group_rank(args.get("group"), args.get("dst"), args.get("group_dst"))
-    mine = _nbytes(args["tensor"])
-    listed = args.get("gather_list")
-    parts = [_nbytes(t) for t in listed] if listed else [mine] * world
-    parts[me] = mine
-    send, recv = gather_bytes(parts, me, root if root is not None else 0)
-    return [Collective("gather", sum(parts), world, send, recv, root=me == root)]
+def _rooted_parts(kind: str, root_key: str, list_key: str, rule: Callable[..., tuple[float, float]]) -> Handler:
+    """gather and scatter: one part per rank, to or from a root; the root's list gives uneven parts."""
+
+    def handle(args: dict[str, Any]) -> list[Collective]:
+        if (g := _in_group(args)) is None:
+            return []
+        world, me = g
+        root = _as_group_rank(args.get("group"), args.get(root_key), args.get(f"group_{root_key}"))
+        mine = _nbytes(args["tensor"])
+        listed = args.get(list_key)
+        parts = [_nbytes(t) for t in listed] if listed else [mine] * world
+        parts[me] = mine
+        send, recv = rule(parts, me, root if root is not None else 0)
+        return [Collective(kind, sum(parts), world, send, recv, root=me == root)]
+    return handle
 
 
-def _scatter(args: dict[str, Any]) -> list[Collective]:
-    if (g := _in_group(args)) is None:
-        return []
-    world, me = g
-    root = _as_group_rank(args.get("group"), args.get("src"), args.get("group_src"))
-    mine = _nbytes(args["tensor"])
-    listed = args.get("scatter_list")
-    parts = [_nbytes(t) for t in listed] if listed else [mine] * world
-    parts[me] = mine
-    send, recv = scatter_bytes(parts, me, root if root is not None else 0)
-    return [Collective("scatter", sum(parts), world, send, recv, root=me == root)]
+_gather = _rooted_parts("gather", "dst", "gather_list", gather_bytes)
+_scatter = _rooted_parts("scatter", "src", "scatter_list", scatter_bytes)
 
 
 def _p2p(kind: str, sending: bool) -> Handler:
