@@ -2,7 +2,8 @@
 candidates, in one harness process. Checks after every evaluation that its verdict is right, that no
 process it started (at any depth) and no temporary folder is left, and at the end that the
 harness's memory (RSS after warm-up against RSS at the end) grew less than 10% and its open file
-descriptors did not grow.
+descriptors did not grow. On CUDA it also reads each GPU's used memory (nvidia-smi) before the first
+evaluation and after every one: an allocation left behind by a killed rank would show as growth.
 
     python benchmarks/soak.py --out OUTDIR                         # CPU: 500 evaluations, gloo, W=2
     python benchmarks/soak.py --n 60 --out OUTDIR                  # a short CPU run
@@ -20,6 +21,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,6 +86,21 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def gpu_memory_mb() -> list[int] | None:
+    """Used memory of every visible GPU in MiB, or None where nvidia-smi is absent or fails."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return [int(x) for x in out.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+# A GPU's used memory after an evaluation may exceed the idle figure by this much before it counts as a
+# leak: the driver's own bookkeeping moves by a few MiB; a leaked CUDA context holds hundreds.
+GPU_SLACK_MB = 64
+
+
 def leftover_processes(marker: bytes) -> list[int]:
     """Live processes, other than this one, whose environment holds `marker`: everything the harness
     starts inherits it, so this sees grandchildren that left their parent's process group too."""
@@ -136,6 +153,7 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
     plan = schedule(args.n, args.deadlocks)
     warmup = max(10, args.n // 10)
     rows, baseline = [], None
+    gpu_idle = gpu_memory_mb() if device == "cuda" else None
     started = time.perf_counter()
     for i, name in enumerate(plan):
         kind = table[name]
@@ -150,21 +168,26 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
         children = leftover_processes(marker)
         leftovers = sorted(p.name for p in private.iterdir() if p.name != "cache")
         gc.collect()
+        gpu_mb = gpu_memory_mb() if gpu_idle is not None else None
+        gpu_leak = gpu_mb is not None and any(now > idle + GPU_SLACK_MB for now, idle in zip(gpu_mb, gpu_idle))
         row = {"i": i, "kind": name, "expected": kind.verdict, "verdict": verdict, "ok": verdict == kind.verdict,
                "seconds": round(seconds, 2), "rss_mb": round(rss_mb(), 1), "fds": open_fds(),
-               "children": children, "leftovers": leftovers, "message": message}
+               "children": children, "leftovers": leftovers, "gpu_mb": gpu_mb, "gpu_leak": gpu_leak,
+               "message": message}
         rows.append(row)
         if i + 1 == warmup:
             baseline = {"rss_mb": row["rss_mb"], "fds": row["fds"]}
-        bad = not row["ok"] or children or leftovers
+        bad = not row["ok"] or children or leftovers or gpu_leak
+        gpu_note = f" gpu {'/'.join(map(str, gpu_mb))} MiB" if gpu_mb is not None else ""
         print(f"{i + 1:4d}/{args.n} {name:6s} {verdict:16s} {'ok ' if not bad else 'BAD'} {seconds:5.1f}s "
-              f"rss {row['rss_mb']:.0f} MB fds {row['fds']}" + (f"  {message}" if bad else ""), flush=True)
+              f"rss {row['rss_mb']:.0f} MB fds {row['fds']}{gpu_note}" + (f"  {message}" if bad else ""),
+              flush=True)
 
     end = rows[-1]
     assert baseline is not None
     growth = (end["rss_mb"] - baseline["rss_mb"]) / baseline["rss_mb"]
     wrong = [r for r in rows if not r["ok"]]
-    leaked = [r for r in rows if r["children"] or r["leftovers"]]
+    leaked = [r for r in rows if r["children"] or r["leftovers"] or r["gpu_leak"]]
     per_kind = {}
     for name in table:
         mine = [r for r in rows if r["kind"] == name]
@@ -175,6 +198,7 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
         "device": device, "world_size": args.world_size, "n": args.n, "wall_s": round(time.perf_counter() - started, 1),
         "verdicts_right": len(rows) - len(wrong), "wrong": [(r["i"], r["kind"], r["verdict"]) for r in wrong],
         "evaluations_leaving_processes_or_folders": len(leaked),
+        "gpu_mb_idle": gpu_idle, "gpu_mb_end": end["gpu_mb"],
         "rss_mb_after_warmup": baseline["rss_mb"], "rss_mb_end": end["rss_mb"], "rss_growth": round(growth, 4),
         "fds_after_warmup": baseline["fds"], "fds_end": end["fds"], "per_kind": per_kind,
     }
