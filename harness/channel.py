@@ -4,7 +4,8 @@
   arrives on the rank's private request pipe before any candidate code exists (harness.pool.RankPool
   seals every pool at start), and the parent reads raw bytes with a deadline and never unpickles.
 - Killing a rank's process group is not enough to end everything it started: RankPool.kill also
-  sweeps each rank's session (kill_session), a compile stopped at its limit has its session swept and
+  sweeps each rank's session (kill_session) and then every process carrying the pool's environment
+  marker (kill_marked: what called setsid), a compile stopped at its limit has its session swept and
   its build locks removed (harness.compile), and kill_orphaned_builds ends compilers whose harness
   process died.
 - Audit outputs travel as raw tensor bytes in the pool's private folder, checked against a digest that
@@ -88,32 +89,68 @@ def forged_reply(rank: int, why: str) -> dict[str, Any]:
                        f"channel, so nothing it says can be trusted"}
 
 
-def session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes whose session id is `sid`."""
-    members = []
+def _live_processes() -> list[tuple[int, int, Path]]:
+    """(pid, session id, /proc entry) of every live (non-zombie) process but this one."""
+    me, found = os.getpid(), []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            if fields[0] != "Z":
+                found.append((int(entry.name), int(fields[3]), entry))
+        except (OSError, ValueError, IndexError):
             continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return found
+
+
+def _has_env(entry: Path, assignment: bytes) -> bool:
+    """Whether the process started with `NAME=value` in its environment (unreadable: no)."""
+    try:
+        return assignment in (entry / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _kill(pids: list[int]) -> int:
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is `sid`."""
+    return [pid for pid, session, _ in _live_processes() if session == sid]
 
 
 def kill_session(sid: int) -> int:
     """SIGKILL every process of session `sid`; returns how many. Killing a process group is not enough:
     ninja starts every compiler in a group of its own (and any code can call setpgid), but only setsid
     leaves the session, and a process started with start_new_session=True leads its own."""
-    killed = 0
-    for pid in session_members(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except (ProcessLookupError, PermissionError):
-            continue
+    return _kill(session_members(sid))
+
+
+# A process that left its rank's session (setsid) may fork again between two sweeps: sweep until a
+# pass finds nothing, at most this many times.
+MARKED_SWEEPS = 5
+
+
+def kill_marked(assignment: str) -> int:
+    """SIGKILL every process whose environment holds `assignment` (`NAME=value`, unique to one rank
+    pool and inherited by everything its ranks start), wherever it went: this reaches a process that
+    called setsid and so left the rank's session. A process started with a scrubbed environment
+    still escapes (tests/exploits/README.md)."""
+    marker, killed = assignment.encode(), 0
+    for _ in range(MARKED_SWEEPS):
+        found = _kill([pid for pid, _, entry in _live_processes() if _has_env(entry, marker)])
+        if not found:
+            break
+        killed += found
     return killed
 
 
@@ -132,26 +169,10 @@ def kill_orphaned_builds(extensions_dir: Path) -> int:
     its process group was killed, and so does a harness process killed mid-compile."""
     marker = f"TORCH_EXTENSIONS_DIR={extensions_dir}".encode()
     own_session = os.getsid(0)
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z" or int(fields[3]) == own_session:
-                continue
-            if marker not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-        except (OSError, ValueError):
-            continue
-        if _leads_live_session(int(fields[3])):
-            continue  # a build or rank still owned by a live harness process
-        try:
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed += 1
-        except (ProcessLookupError, PermissionError):
-            continue
-    return killed
+    orphans = [pid for pid, sid, entry in _live_processes()
+               if sid != own_session and _has_env(entry, marker)
+               and not _leads_live_session(sid)]  # else a build or rank still owned by a live harness
+    return _kill(orphans)
 
 
 def remove_build_locks(extensions_dir: Path, since: float) -> list[str]:

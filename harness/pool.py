@@ -14,6 +14,7 @@ temporary folder: no port is opened, so none can be left behind.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -61,6 +62,10 @@ class Hang(RuntimeError):
 # the folders whose owner is gone.
 FOLDER_PREFIX = "pkb-pool-"
 OWNER_FILE = "owner"
+# Every rank of a pool, and so everything a rank starts, carries POOL_MARKER=<random hex> in its
+# environment; the owner file keeps it, so what outlived a killed harness can be found too.
+POOL_MARKER = "PKB_POOL"
+_MARKER_LINE = re.compile(rf"{POOL_MARKER}=[0-9a-f]{{24}}")
 LEGACY_AGE_S = 3600.0  # a folder without an owner file (an older version's) counts as stale after this
 
 
@@ -89,12 +94,18 @@ def _owner_alive(identity: str) -> bool:
 
 
 def reap_stale_folders(root: Path | None = None, now: float | None = None) -> list[Path]:
-    """Remove pool folders under `root` (the temp folder) whose owning harness process is gone."""
+    """Remove pool folders under `root` (the temp folder) whose owning harness process is gone, and end
+    the processes that pool's ranks left behind."""
     removed = []
     now = time.time() if now is None else now
     for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        marker = None
         try:
-            identity = (folder / OWNER_FILE).read_text().strip()
+            identity, _, rest = (folder / OWNER_FILE).read_text().partition("\n")
+            identity, rest = identity.strip(), rest.strip()
+            # Only a well-formed marker: the folder is writable by candidates, and a line such as
+            # PATH=/usr/bin would otherwise name every process of this user.
+            marker = rest if _MARKER_LINE.fullmatch(rest) else None
         except FileNotFoundError:
             try:
                 stale = now - folder.stat().st_mtime > LEGACY_AGE_S  # young: a pool still writing its owner
@@ -105,9 +116,12 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
         else:
             stale = bool(identity) and not _owner_alive(identity)
         if stale and folder.is_dir():
+            if marker:
+                channel.kill_marked(marker)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
 
 @dataclass
 class _Rank:
@@ -156,6 +170,9 @@ class RankPool:
         # and the bytes read from each rank's reply pipe that do not yet make a whole frame.
         self._keys: dict[int, bytes] | None = None
         self._nonce = ""
+        # In every rank's environment, so inherited by all they start: kill() finds by it what left
+        # the ranks' sessions.
+        self._marker = f"{POOL_MARKER}={secrets.token_hex(12)}"  # matches _MARKER_LINE
         self._buffers: dict[int, bytearray] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -163,9 +180,10 @@ class RankPool:
         started = time.perf_counter()
         reap_stale_folders()
         self.tmp = tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX)
-        (Path(self.tmp.name) / OWNER_FILE).write_text(_process_identity(os.getpid()) or "")
+        (Path(self.tmp.name) / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
         init_file = Path(self.tmp.name) / "rendezvous"
         env = worker_env(self.device, self.extra_env)
+        env[POOL_MARKER] = self._marker.split("=", 1)[1]
         if self.device == "cuda" and self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
         for rank in range(self.world_size):
@@ -260,7 +278,8 @@ class RankPool:
         """SIGKILL every rank's whole session, reap the ranks, close pipes, remove the temp folder.
 
         A process group is not enough: ninja starts every compiler in a group of its own and any code
-        can call setpgid, but only setsid leaves the session each rank leads (start_new_session)."""
+        can call setpgid, but only setsid leaves the session each rank leads (start_new_session); what
+        did call setsid is found by the pool's marker in its environment."""
         for r in self.ranks:
             try:
                 os.killpg(r.proc.pid, signal.SIGKILL)
@@ -279,6 +298,8 @@ class RankPool:
                     conn.close()
                 except OSError:
                     pass
+        if self.ranks:
+            channel.kill_marked(self._marker)  # what left the sessions (setsid) with the marker
         if self.keep_logs is not None and self.tmp is not None:
             self.keep_logs.mkdir(parents=True, exist_ok=True)
             for r in self.ranks:

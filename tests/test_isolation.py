@@ -1,6 +1,6 @@
 """Isolation: the verdict channel a candidate cannot forge (every pool is sealed), the guard, clean
 recovery after crashes, hangs and builds that never end, nothing left behind (grandchildren in process
-groups of their own included), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
+groups or sessions of their own included), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
 
 from __future__ import annotations
 
@@ -135,6 +135,40 @@ def test_killing_a_pool_ends_what_its_candidate_started_in_process_groups_of_its
         sleepers = [int(line) for line in pids.read_text().split()]
         assert len(sleepers) == 2 and all(pid_alive(pid) for pid in sleepers)
         assert all(os.getpgid(pid) == pid for pid in sleepers)  # out of the ranks' process groups
+    finally:
+        pool.kill()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in sleepers if pid_alive(pid)]
+
+
+def test_killing_a_pool_ends_what_its_candidate_started_in_sessions_of_its_own(all_reduce, tmp_path):
+    """A grandchild that called setsid has left the rank's session, so the session sweep misses it; the
+    pool's marker in its inherited environment finds it."""
+    pids = tmp_path / "pids.txt"
+    candidate = tmp_path / "spawns_a_new_session.py"
+    candidate.write_text(textwrap.dedent(f"""
+        import subprocess
+        import torch.distributed as dist
+
+        _sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # setsid: a session of its own
+        with open({str(pids)!r}, "a") as f:
+            f.write(f"{{_sleeper.pid}}\\n")
+
+        def solution(x):
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+    """))
+    pool = RankPool(2, "cpu").start()
+    try:
+        replies = pool.request({"op": "load_candidate", "problem": all_reduce.loader_spec,
+                                "candidate": str(candidate), "shape": "small"}, timeout=60)
+        assert all(r["ok"] for r in replies), replies
+        sleepers = [int(line) for line in pids.read_text().split()]
+        assert len(sleepers) == 2 and all(pid_alive(pid) for pid in sleepers)
+        assert all(os.getsid(pid) == pid for pid in sleepers)  # out of the ranks' sessions
     finally:
         pool.kill()
     deadline = time.monotonic() + 10
@@ -372,3 +406,33 @@ def test_only_pool_folders_whose_owner_is_gone_are_reaped(tmp_path):
     assert sorted(reap_stale_folders(tmp_path)) == sorted([dead, recycled])
     assert live.exists() and young_legacy.exists() and unrelated.exists()
     assert reap_stale_folders(tmp_path, now=time.time() + LEGACY_AGE_S + 1) == [young_legacy]
+
+
+def test_a_reaped_folder_ends_what_its_ranks_left_and_only_that(tmp_path):
+    """A harness killed with SIGKILL cannot sweep: the next pool's reaper ends the processes carrying the
+    dead pool's marker, and never acts on a marker line that is not one (the folder is writable by
+    candidates)."""
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead_owner = _process_identity(gone.pid)
+    gone.kill()
+    gone.wait()
+    marker = "PKB_POOL=" + "ab" * 12
+    left_behind = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                   env={**os.environ, "PKB_POOL": marker.split("=", 1)[1]})
+    # A forged line naming a variable only the bystander has: were it obeyed, only the bystander would
+    # die (a line such as PATH=... would name every process of this user, this test's runner included).
+    decoy = f"PKB_DECOY={os.getpid()}"
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                 env={**os.environ, "PKB_DECOY": decoy.split("=", 1)[1]})
+    try:
+        for name, line in (("marked", marker), ("forged", decoy)):
+            folder = tmp_path / f"pkb-pool-{name}"
+            folder.mkdir()
+            (folder / "owner").write_text(f"{dead_owner}\n{line}\n")
+        assert len(reap_stale_folders(tmp_path)) == 2
+        assert left_behind.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        for proc in (left_behind, bystander):
+            proc.kill()
+            proc.wait()
