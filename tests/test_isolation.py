@@ -31,7 +31,7 @@ from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_s
 from harness.problem import load_problem
 from harness.registry import get, load_suite
 from harness.validate import validate_problems
-from tests.conftest import live_children, pid_alive
+from tests.conftest import live_children, pid_alive, processes_mentioning
 
 EXPLOITS = Path(__file__).parent / "exploits"
 
@@ -197,28 +197,11 @@ def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_nam
     assert not stopped.ok and stopped.native and "did not finish within 15 s" in stopped.message
     assert name in stopped.cleanup["locks_removed"] and stopped.cleanup["processes_killed"] >= 1
     assert not (extensions_dir() / name / "lock").exists()
-    assert _processes_mentioning(str(tmp_path)) == []  # the compiler, ninja, the precompile process
+    assert processes_mentioning(str(tmp_path)) == []  # the compiler, ninja, the precompile process
 
     quick = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 2; }\n')
     built = compile_candidate(quick, 300.0, "cpu")
     assert built.ok and built.native and not built.cleanup, built
-
-
-def _processes_mentioning(text: str, wait_s: float = 5.0) -> list[int]:
-    """PIDs other than this one whose command line mentions `text`, once killed processes had time to die."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and int(entry.name) != os.getpid() and pid_alive(int(entry.name)) \
-                        and text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
 
 
 def test_guard_sees_replaced_functions_code_and_trace_hooks(monkeypatch):
