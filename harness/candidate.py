@@ -52,8 +52,9 @@ def classify_load_error(exc: BaseException) -> str:
     return failures.RUNTIME_ERROR
 
 
-def load_candidate(path: Path, reference: Any) -> ModuleType:
-    """Import the candidate file and check that its `solution` can take the reference's arguments."""
+def load_candidate(path: Path, required_positional: int) -> ModuleType:
+    """Import the candidate file and check that its `solution` can take the reference's arguments (the
+    reference takes `required_positional` positional arguments without defaults)."""
     try:
         module = import_file(path, module_name_for(path, "pkb_candidate"))
     except BaseException as exc:  # SystemExit from a hostile candidate is a failure too
@@ -64,25 +65,25 @@ def load_candidate(path: Path, reference: Any) -> ModuleType:
         raise CandidateError(failures.API_ERROR, f"{path.name} defines no `solution`")
     if not callable(solution):
         raise CandidateError(failures.API_ERROR, f"`solution` in {path.name} is not callable")
-    check_signature(solution, reference)
+    check_signature(solution, required_positional)
     return module
 
 
-def check_signature(candidate: Any, reference: Any) -> None:
-    ref_params = [
-        p
-        for p in inspect.signature(reference).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
+def required_positional(reference: Any) -> list[str]:
+    """Names of the reference's positional parameters without defaults: what every call passes."""
+    return [p.name for p in inspect.signature(reference).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+
+
+def check_signature(candidate: Any, required: int) -> None:
     try:
         sig = inspect.signature(candidate)
     except (TypeError, ValueError):
         return  # builtins and C extensions: nothing to check statically
     try:
-        sig.bind(*range(len(ref_params)))
+        sig.bind(*range(required))
     except TypeError as exc:
         raise CandidateError(
             failures.API_ERROR,
-            f"solution{sig} cannot be called like the reference solution"
-            f"({', '.join(p.name for p in ref_params)}): {exc}",
+            f"solution{sig} cannot be called with the reference's {required} positional argument(s): {exc}",
         ) from exc

@@ -32,9 +32,16 @@ class Limits(BaseModel):
     compile_s: float = Field(180.0, gt=0)
     start_s: float = Field(120.0, gt=0)
     load_s: float = Field(300.0, gt=0, description="import of the candidate, including in-process builds")
-    check_s: float = Field(120.0, gt=0)
+    check_s: float = Field(120.0, gt=0, description="all correctness calls together; for a slow reference "
+                                                    "(over a second a call) stretched to check_scale x its time")
+    check_scale: float = Field(20.0, gt=0, description="how many times the reference's time the candidate's "
+                                                       "correctness calls may take, where that exceeds check_s")
+    build_s: float = Field(600.0, gt=0, description="a native build inside a call (one only the first call "
+                                                    "reveals), timed and limited as compile, not as the call")
     time_s: float = Field(300.0, gt=0)
     grace_s: float = Field(5.0, gt=0, description="wait for the other ranks once one has failed")
+    reference_s: float = Field(900.0, gt=0, description="each step of the reference pool (trials, timing "
+                                                        "inputs, timing); an overrun is infra_error")
 
 
 class IntegrityChecks(BaseModel):
@@ -44,22 +51,27 @@ class IntegrityChecks(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    audit: bool | None = Field(None, description="one trial drawn before the candidate loads, judged in the "
-                                                 "harness process")
     stress_trials: int | None = Field(None, ge=0, description="correctness trials with one rank late")
     stress_delay_s: float | None = Field(None, ge=0, description="how late the late rank starts")
+    jitter_s: float | None = Field(None, ge=0, description="random start delay of every rank in every call")
     precision_probe: bool | None = Field(None, description="a trial whose inputs expose a reduced-precision path")
     lazy_delay_s: float | None = Field(None, ge=0, description="pause before re-reading an output")
     fresh_iters: int | None = Field(None, ge=0, description="timed calls on never-seen inputs (input caching)")
-    completion_probes: int | None = Field(None, ge=0, description="untimed calls after timing, outputs "
-                                                                 "snapshotted at return")
-    busy_bytes: int | None = Field(None, ge=4, description="GPU: low-priority work around a completion probe")
-    guard: bool | None = Field(None, description="verify harness and runtime callables after every request")
+    timed_checks: int | None = Field(None, ge=0, description="timed calls whose outputs are judged (chosen at "
+                                                             "random after each returned)")
+    busy_bytes: int | None = Field(None, ge=4, description="GPU: low-priority work around every checked call")
+    guard: bool | None = Field(None, description="the rank's tripwire: harness and runtime callables verified "
+                                                 "after every request")
     caching_ratio: float | None = Field(None, ge=1.0, description="fresh median above ratio * median + margin "
                                                                   "reads as input caching")
     caching_margin_ms: float | None = Field(None, ge=0)
     impossible_slack: float | None = Field(None, gt=0, le=1.0, description="median below slack * roofline "
                                                                           "bound reads as impossible")
+    reconcile: bool | None = Field(None, description="claimed times checked against the harness's own clock")
+    unexplained_ratio: float | None = Field(None, ge=0)
+    unexplained_margin_ms: float | None = Field(None, ge=0, description="per-iteration time the claims leave "
+                                                                        "unexplained beyond the reference's, "
+                                                                        "above which times are inconsistent")
 
     def overrides(self) -> dict[str, Any]:
         """The settings given, for IntegrityConfig.coerce to lay over the device's defaults."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from harness.compare import same_values
+from harness.judge.compare import same_values
 from harness.problem import Problem
 from harness.seeds import rank_seed
 

@@ -1,32 +1,48 @@
-"""One candidate, one problem, one shape, W ranks: the harness protocol of DESIGN.md, start to end.
+"""One candidate, one problem, one shape, W ranks: the harness protocol, start to end.
 
-compile (own process, time limit) -> static findings -> launch W ranks (sealed reply channel) -> audit
-inputs drawn and the reference run before any candidate code exists -> load the candidate ->
-correctness over T trials, stress trials and the precision probe -> the audit call, judged here ->
-timing of reference and candidate (identical protocol; every candidate output verified) ->
-plausibility (positive times, fresh inputs, roofline) -> one EvalResult. Every phase has a limit; a
-phase that overruns kills the whole rank group and reads as a deadlock. No process outlives the call.
+    compile (sandboxed, time limit) -> static findings
+    -> reference side: a clean pool draws every input, runs the reference, writes inputs and expected
+       outputs to this evaluation's private folder, times the reference (or reads the signed cache);
+       meanwhile the candidate's sandboxed pool starts, with no candidate code in it yet
+    -> candidate side: load the candidate; one request per correctness call, each carrying its inputs,
+       in a secret order; every output judged here as it comes back
+    -> timing, one request per iteration, the same for the candidate as for the reference: outputs of
+       calls chosen after they returned are judged; claimed times reconciled with this process's clock
+    -> plausibility (positive times, fresh inputs, roofline) -> one EvalResult.
+
+Nothing here runs candidate code or reads anything from a candidate but data files and JSON replies;
+every comparison, flag and verdict is computed in this process (harness.judge). Every phase has a
+limit; an overrun kills the whole rank group and reads as a deadlock when ranks waited on each other,
+as a timeout when they were busy (harness.judge.watchdog), with their stacks. No process outlives the
+call, and no file outside the evaluation's folders is left.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import secrets
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import channel, failures, integrity, pkb_compat, reference_cache
-from harness.compare import compare_outputs
-from harness.compile import compile_candidate, extensions_dir
+from harness import failures, integrity, pkb_compat, reference_cache
+from harness.compile import compile_candidate, keep_lazy_builds, private_copy
 from harness.config import EvalConfig, TimingConfig
 from harness.fingerprint import environment, hardware_key
 from harness.flags import fast_eligible
 from harness.integrity import IntegrityConfig
-from harness.pool import Hang, PoolError, RankPool
+from harness.judge import plausibility, timing, trials, watchdog
+from harness.judge.compare import compare_outputs
+from harness.judge.reference import ReferenceFailed, ReferenceRun
+from harness.judge.static_scan import static_scan
+from harness.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.problem import Problem
+from harness.rank import transport
 from harness.results import CandidateInfo, EvalResult, Failure, Timings, TimingStats
-from harness.seeds import TIMING_TRIAL_BASE
+from harness.sandbox import SandboxUnavailable
 
 
 class _Stop(Exception):
@@ -39,111 +55,405 @@ class _Stop(Exception):
 
 
 def _failure_from(reply: dict[str, Any], phase: str) -> tuple[Failure, list[str]]:
-    verdict = reply.get("verdict", failures.INFRA_ERROR)
-    if verdict not in failures.VERDICTS or verdict == failures.CORRECT:
-        # Only a tampered rank says "failed" with no failure class: trust nothing it sent.
-        return Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=reply.get("rank"),  # type: ignore[arg-type]
-                       message=f"rank {reply.get('rank')} failed with verdict {verdict!r}, which is not a "
-                               f"failure class: its reply was tampered with"), [integrity.TAMPERING]
+    """A failure a rank reported about itself. It can only hurt the candidate, so it is taken at its word
+    for the class, except a class that is not a failure (a tampered rank claiming success)."""
+    verdict = reply.get("verdict", failures.RUNTIME_ERROR)
+    # A candidate's rank cannot declare itself correct, nor claim infra_error (retried, never charged):
+    # whatever it says beyond "I failed" is the candidate's runtime error.
+    if verdict not in failures.VERDICTS or verdict in (failures.CORRECT, failures.INFRA_ERROR):
+        verdict = failures.RUNTIME_ERROR
+    if reply.get("build") and verdict == failures.RUNTIME_ERROR:
+        verdict = failures.COMPILE_ERROR  # a build inside the first call failed: the compiler's error
     return Failure(
         verdict=verdict,
-        message=reply.get("message", "no message"),
-        rank=reply.get("rank"),
-        trial=reply.get("trial"),
+        message=str(reply.get("message", "no message"))[:1500],
+        rank=reply.get("rank") if isinstance(reply.get("rank"), int) else None,
+        trial=reply.get("trial") if isinstance(reply.get("trial"), int) else None,
         phase=phase,
-        evidence=reply.get("evidence", ""),
-        max_abs_err=reply.get("max_abs_err"),
-        max_rel_err=reply.get("max_rel_err"),
-    ), []
+        evidence=str(reply.get("evidence", ""))[:4000],
+    ), [f for f in reply.get("flags", []) if isinstance(f, str)]
 
 
 def _first_failure(replies: list[dict[str, Any]]) -> dict[str, Any]:
     """The root failure: a rank whose process died (its peers then fail on the broken connection), else
-    the lowest trial (later trials may fail because of it), then the lowest rank."""
-    return min(replies, key=lambda r: (not r.get("died"),
-                                       r.get("trial") if isinstance(r.get("trial"), int) else 1 << 60,
-                                       r.get("rank", 0)))
+    the lowest rank."""
+    return min(replies, key=lambda r: (not r.get("died"), r.get("rank", 0)))
 
 
 def _flags_of(replies: Any) -> list[str]:
     return sorted({f for r in replies for f in r.get("flags", []) if isinstance(f, str)})
 
 
-def _ask(pool: RankPool, message: dict[str, Any], phase: str, timeout: float, grace: float) -> list[dict]:
-    """One request to every rank; the first failing rank's reply becomes the verdict."""
-    try:
-        replies = pool.request(message, timeout=timeout, grace=grace)
-    except Hang as hang:
-        failed = [r for r in hang.replies.values() if not r.get("ok")]
-        if failed:  # a rank failed and its peers were left waiting in a collective: its failure counts
-            failure, extra = _failure_from(_first_failure(failed), phase)
-            raise _Stop(failure, _flags_of(hang.replies.values()) + extra) from hang
-        raise _Stop(Failure(
-            verdict=failures.DEADLOCK, phase=phase,
-            message=f"{phase}: rank(s) {', '.join(map(str, hang.missing))} did not finish within "
-                    f"{hang.timeout:.0f} s; the rank group was killed",
-        ), _flags_of(hang.replies.values())) from hang
-    failed = [r for r in replies if not r.get("ok")]
-    if failed:
-        failure, extra = _failure_from(_first_failure(failed), phase)
-        raise _Stop(failure, flags=_flags_of(replies) + extra)
-    return replies
-
-
 def reference_key(problem: Problem, shape: str, world_size: int, device: str, config: EvalConfig) -> str:
     return "|".join([problem.name, problem.source_sha256[:16], shape, str(world_size), device,
-                     hardware_key(), config.timing_key(), str(config.seed)])
+                     hardware_key(), config.timing_key(), str(config.seed), "per-iteration-v2"])
 
 
-class _Audit:
-    """The audit trial: inputs drawn from a salt only the parent knows, before the candidate is loaded;
-    the reference's outputs and later the candidate's come back as files whose digest is in the signed
-    reply; the comparison runs here, in a process no candidate code ever ran in."""
+class _Evaluation:
+    """The state of one evaluation: what the record will say, and the pools and folders to clean up."""
 
-    def __init__(self, pool: RankPool, problem: Problem) -> None:
-        self.pool = pool
-        self.problem = problem
-        self.key = secrets.token_hex(8)
-        self.expected: dict[int, Any] = {}
+    def __init__(self, problem: Problem, candidate_path: Path, world_size: int, device: str, shape: str,
+                 config: EvalConfig, checks: IntegrityConfig, log_dir: Path | None, gpus: list[int] | None) -> None:
+        self.problem, self.path, self.world_size, self.device, self.shape = problem, candidate_path, world_size, \
+            device, shape
+        self.config, self.checks, self.log_dir, self.gpus = config, checks, log_dir, gpus
+        self.source = candidate_path.read_bytes()
+        self.stages: dict[str, float] = {}
+        self.flags: list[str] = []
+        self.failure: Failure | None = None
+        self.timings: Timings | None = None
+        self.max_abs: float | None = None
+        self.max_rel: float | None = None
+        # The secret: it orders the trials, mixes the seed, and picks the timed calls that are judged. It
+        # never enters a candidate's process.
+        self.salt = secrets.randbits(31) | 1
+        self.rng = random.Random(secrets.randbits(64))
+        self.evidence: dict[str, Any] = {"salt": self.salt, "checks": checks.to_dict()}
+        self.folder = Path(tempfile.mkdtemp(prefix="pkb-eval-"))  # private: no sandbox can see it
+        self.ref_dir = self.folder / "reference"
+        self.ref_dir.mkdir()
+        self.reference: ReferenceRun | None = None
+        self.pool: RankPool | None = None
+        self.ext_copy: Path | None = None
+        self.ext_entry: Path | None = None
 
-    def _file(self, what: str, rank: int) -> Path:
-        assert self.pool.tmp is not None
-        return Path(self.pool.tmp.name) / f"audit-{what}-rank{rank}.bin"
+    # -- the record ---------------------------------------------------------------------------
+    def result(self) -> EvalResult:
+        verdict = self.failure.verdict if self.failure else failures.CORRECT
+        speedup = None
+        if self.timings is not None and self.timings.candidate.median_ms > 0:
+            speedup = self.timings.reference.median_ms / self.timings.candidate.median_ms
+        all_flags = sorted(set(self.flags))
+        return EvalResult(
+            problem=self.problem.name, category=self.problem.category, origin=self.problem.origin, shape=self.shape,
+            world_size=self.world_size, device=self.device,  # type: ignore[arg-type]
+            candidate=CandidateInfo(path=str(self.path), sha256=hashlib.sha256(self.source).hexdigest()),
+            verdict=verdict,  # type: ignore[arg-type]
+            correct=verdict == failures.CORRECT, failure=self.failure, max_abs_err=self.max_abs,
+            max_rel_err=self.max_rel, timings=self.timings, speedup=speedup, flags=all_flags,
+            seed=self.config.seed, trials=self.config.trials, fast_eligible=fast_eligible(all_flags),
+            integrity=self.evidence, stages={k: round(v, 4) for k, v in self.stages.items()},
+            environment=environment(), config=self.config.model_dump(),
+        )
 
-    def _read(self, what: str, reply: dict[str, Any]) -> Any:
-        path = self._file(what, reply["rank"])
+    def ask(self, pool: RankPool, message: Any, phase: str, timeout: float,
+            build_allowance: float = 0.0) -> list[dict[str, Any]]:
+        """One request to every rank of the candidate's pool; a failing rank's report, a hang or a broken
+        sandbox limit becomes the verdict."""
         try:
-            return channel.read_tree(path, reply[what])
-        finally:
-            path.unlink(missing_ok=True)  # the expected outputs must be gone before the candidate loads
-
-    def prepare(self, base: dict[str, Any], seed: int, limits: Any) -> None:
-        replies = _ask(self.pool, {"op": "audit_prepare", **base, "seed": seed, "salt": secrets.randbits(31) | 1,
-                                   "key": self.key}, "audit", limits.check_s, limits.grace_s)
-        for reply in replies:
-            self.expected[reply["rank"]] = self._read("expected", reply)
-
-    def run(self, base: dict[str, Any], limits: Any) -> list[dict[str, Any]]:
-        replies = _ask(self.pool, {"op": "audit_run", **base, "key": self.key}, "audit", limits.check_s,
-                       limits.grace_s)
-        for reply in sorted(replies, key=lambda r: r["rank"]):
-            rank = reply["rank"]
-            where = f"rank {rank}, audit trial (inputs drawn before the candidate was loaded, compared by the " \
-                    f"harness process)"
-            try:
-                got = self._read("output", reply)
-            except (KeyError, ValueError, RuntimeError, OSError) as err:
-                raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="audit", rank=rank,  # type: ignore[arg-type]
-                                    message=f"{where}: its output could not be read back: {err}"),
-                            [integrity.AUDIT_FAILED, integrity.TAMPERING]) from err
-            result = compare_outputs(self.expected[rank], got, self.problem.atol, self.problem.rtol)
-            if not result["ok"]:
-                raise _Stop(Failure(verdict=result["verdict"], phase="audit", rank=rank,
-                                    message=f"{where}: {result['message']}", max_abs_err=result.get("max_abs_err"),
-                                    max_rel_err=result.get("max_rel_err")),
-                            _flags_of(replies) + [integrity.AUDIT_FAILED])
-        self.expected.clear()
+            replies = pool.request(message, timeout=timeout, grace=self.config.limits.grace_s,
+                                   build_allowance=build_allowance)
+        except Hang as hang:
+            failed = [r for r in hang.replies.values() if not r.get("ok")]
+            if failed:  # a rank failed and its peers were left waiting in a collective: its failure counts
+                failure, extra = _failure_from(_first_failure(failed), phase)
+                raise _Stop(failure, _flags_of(hang.replies.values()) + extra) from hang
+            building = pool.building(hang.missing)
+            if building:
+                raise _Stop(Failure(
+                    verdict=failures.COMPILE_ERROR, phase="compile",  # type: ignore[arg-type]
+                    message=f"a native build inside the first call on rank(s) {', '.join(map(str, building))} did "
+                            f"not finish within {build_allowance:.0f} s (Limits.build_s)",
+                    evidence=watchdog.evidence(hang.stacks))) from hang
+            verdict, why = watchdog.classify(hang.missing, hang.stacks)
+            if hang.stacks:
+                self.evidence["stacks"] = {str(k): v for k, v in sorted(hang.stacks.items())}
+            raise _Stop(Failure(
+                verdict=verdict, phase=phase,  # type: ignore[arg-type]
+                message=f"{phase}: rank(s) {', '.join(map(str, hang.missing))} did not finish within "
+                        f"{hang.timeout:.0f} s; {why}; the rank group was killed",
+                evidence=watchdog.evidence(hang.stacks),
+            ), _flags_of(hang.replies.values())) from hang
+        except RankMisbehaved as err:
+            raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,  # type: ignore[arg-type]
+                                message=str(err))) from err
+        failed = [r for r in replies if not r.get("ok")]
+        if failed:
+            failure, extra = _failure_from(_first_failure(failed), phase)
+            raise _Stop(failure, flags=_flags_of(replies) + extra)
         return replies
+
+    def note_collectives(self, phase: str, events: dict[int, dict[str, int]],
+                         replies: list[dict[str, Any]] | None = None, loopback: int | None = None) -> None:
+        """Collectives inside candidate calls: events the ranks' monitors sent as they happened, the
+        counts in their replies, and bytes on the sandbox's loopback (read from outside)."""
+        seen: dict[str, Any] = {}
+        for rank, counts in events.items():
+            seen.setdefault(str(rank), {})["events"] = counts
+        for reply in replies or []:
+            if reply.get("collectives"):
+                seen.setdefault(str(reply["rank"]), {}).update(reply["collectives"])
+        if loopback:
+            # Read from outside the sandbox: what its ranks sent each other over sockets (gloo, NCCL's
+            # bootstrap) during candidate calls, which no in-process counter can wind back.
+            traffic = self.evidence.setdefault("loopback_bytes", {})
+            traffic[phase] = traffic.get(phase, 0) + loopback
+            self.flags.append(integrity.USES_NCCL)
+        if seen:
+            self.evidence.setdefault("collectives", {}).setdefault(phase, {}).update(seen)
+            self.flags.append(integrity.USES_NCCL)
+
+    # -- phases -------------------------------------------------------------------------------
+    def compile(self) -> bool:
+        outcome = compile_candidate(self.path, self.config.limits.compile_s, self.device,
+                                    problem=self.problem.loader_spec)
+        self.stages["compile"] = outcome.seconds
+        if outcome.cleanup:
+            self.evidence["stopped_build"] = outcome.cleanup
+        if outcome.builds:
+            self.evidence["builds"] = outcome.builds
+        if not outcome.ok:
+            self.failure = Failure(verdict=outcome.verdict, message=outcome.message,  # type: ignore[arg-type]
+                                   evidence=outcome.evidence, phase="compile")
+            return False
+        self.ext_entry = outcome.extensions
+        static = static_scan(self.source.decode(errors="replace"))
+        if static:
+            self.evidence["static"] = static
+            self.flags.extend(f["flag"] for f in static)
+        return True
+
+    def start_pools(self) -> None:
+        limits = self.config.limits
+        self.reference = ReferenceRun(self.problem, self.shape, self.world_size, self.device, self.ref_dir,
+                                      limits.reference_s, gpus=self.gpus, start_s=limits.start_s).launch()
+        self.ext_copy = private_copy(self.ext_entry, self.folder / "extensions")
+        self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
+                             gpus=self.gpus, role="candidate", extensions=self.ext_copy)
+        self.pool.launch()
+        self.evidence["sandbox"] = self.pool.sandbox.record()
+
+    def run_reference(self, schedule: list[trials.Trial], seed: int) -> TimingStats | None:
+        assert self.reference is not None and self.pool is not None
+        started = time.perf_counter()
+        self.reference.wait_ready()
+        self.reference.prepare_trials(schedule, seed)
+        sets = None
+        if not self.config.skip_timing:
+            sets = self.reference.prepare_sets(seed, self.config.timing, self.checks.fresh_iters)
+        self.stages["reference"] = time.perf_counter() - started
+        # The candidate's pool has been starting meanwhile; no candidate code is in it yet, and it stays
+        # idle while the reference is timed.
+        launch = time.perf_counter()
+        try:
+            self.pool.wait_ready()
+        except PoolError as err:
+            raise _Stop(Failure(verdict=failures.INFRA_ERROR, phase="launch",  # type: ignore[arg-type]
+                                message=f"the candidate's sandboxed ranks did not start: {err}")) from err
+        # From launch to ready, overlapping the reference's work; `launch_wait` is what the reference left.
+        self.stages["launch"] = self.pool.start_seconds
+        self.stages["launch_wait"] = time.perf_counter() - launch
+        ref_stats = None
+        if sets is not None:
+            started = time.perf_counter()
+            key = reference_key(self.problem, self.shape, self.world_size, self.device, self.config)
+            ref_stats = reference_cache.lookup(key) if self.config.use_reference_cache else None
+            if ref_stats is None:
+                ref_stats = self.reference.time(self.config.timing, seed)
+                reference_cache.store(key, ref_stats)
+            self.stages["timing_reference"] = time.perf_counter() - started
+        self.reference.close()
+        return ref_stats
+
+    def load(self) -> None:
+        assert self.pool is not None and self.reference is not None
+        limits = self.config.limits
+        started = time.perf_counter()
+        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "groups": self.reference.groups},
+                 "load", limits.load_s)
+        params = len(_required(self.problem))
+        replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.path), "params": params},
+                           "load", limits.load_s)
+        self.flags.extend(_flags_of(replies))
+        events = self.pool.take_events()
+        if events or any(r.get("collectives") for r in replies):
+            self.evidence.setdefault("collectives", {})["import"] = {
+                str(r["rank"]): r.get("collectives", {}) for r in replies if r.get("collectives")} | (
+                {"events": {str(k): v for k, v in events.items()}} if events else {})
+        self.stages["load"] = time.perf_counter() - started
+
+    def check(self, schedule: list[trials.Trial]) -> None:
+        assert self.pool is not None and self.reference is not None
+        limits = self.config.limits
+        pool, scratch = self.pool, self.pool.scratch
+        assert scratch is not None
+        calls_dir = scratch / "calls"
+        calls_dir.mkdir(exist_ok=True)
+        # A slow reference (PKB's 76-78 take a minute a call at small shapes) stretches the budget; a fast
+        # one leaves it as configured, whatever the machine's load did to its measured time.
+        slow = self.reference.trial_seconds if self.reference.trial_seconds > 1.0 else 0.0
+        budget = max(limits.check_s, limits.check_scale * slow * len(schedule))
+        deadline = time.monotonic() + budget
+        out_limit = 1 << 40  # outputs are bounded by the sandbox's file-size limit
+        judge = trials.Judge(self.problem.atol, self.problem.rtol, self.device, self.ref_dir, out_limit)
+        results: list[trials.CallResult] = []
+        started = time.perf_counter()
+        for index, trial in enumerate(schedule):
+            delays = trials.delays(trial, self.checks, self.world_size, self.rng)
+            per_rank, paths = {}, {}
+            ref = self.reference.trials[trial.id]
+            for rank in range(self.world_size):
+                stem = calls_dir / f"c{index}-r{rank}"
+                inputs = Path(f"{stem}-in.pt")
+                shutil.copyfile(self.ref_dir / f"in-{trial.id}-r{rank}.pt", inputs)
+                paths[rank] = {"output": f"{stem}-out.bin", "previous_output": f"{stem}-prev.bin",
+                               "inputs_after": f"{stem}-after.bin"}
+                per_rank[rank] = {"op": "call", "candidate": str(self.path), "inputs": str(inputs),
+                                  "output": paths[rank]["output"], "previous_output": paths[rank]["previous_output"],
+                                  "return_inputs": paths[rank]["inputs_after"] if ref[rank].get("mutated") else None,
+                                  "delay_s": delays[rank], "lazy_delay_s": self.checks.lazy_delay_s,
+                                  "busy_bytes": self.checks.busy_bytes}
+            loopback = pool.net_bytes()
+            timeout = max(1.0, deadline - time.monotonic())
+            try:
+                # A build only a call reveals (PKB's lazy builds) is limited by build_s, not the call's time.
+                replies = self.ask(pool, per_rank, "check", timeout, build_allowance=limits.build_s)
+            except _Stop as stop:
+                if stop.failure.trial is None:
+                    stop.failure.trial = trial.id
+                if index == 0 and stop.failure.verdict == failures.COMPILE_ERROR:
+                    stop.failure.phase = "compile"
+                raise
+            after = pool.net_bytes()
+            traffic = after - loopback if after is not None and loopback is not None else None
+            counted = index > 0  # a rank's first call is set-up: a rendezvous, groups, a lazy build
+            events = pool.take_events()
+            if counted and (events or traffic or any(r.get("collectives") for r in replies)):
+                self.note_collectives("check", events, replies, traffic)
+            self.flags.extend(_flags_of(replies))
+            result = trials.CallResult(trial, index)
+            judge.judge_call(result, replies, paths, ref)
+            results.append(result)
+            for rank in range(self.world_size):
+                for suffix in ("-in.pt", "-out.bin", "-out.bin.later", "-prev.bin", "-after.bin"):
+                    Path(f"{calls_dir / f'c{index}-r{rank}'}{suffix}").unlink(missing_ok=True)
+        self.stages["check"] = time.perf_counter() - started
+        if pool.build_seconds() > 0.0:
+            # Builds inside calls, reported apart (and not charged to the check's budget: see build_s).
+            self.stages["build_in_call"] = pool.build_seconds()
+        notes_in = {int(r): rec.get("probe_note") for tid, by_rank in self.reference.trials.items()
+                    for r, rec in by_rank.items() if tid == integrity.PROBE_TRIAL}
+        failure, flags, notes = trials.decide(results, notes_in)
+        self.flags.extend(flags)
+        if notes:
+            self.evidence["notes"] = notes
+        self.evidence["rules"] = {rule: trials.RULES[rule] for rule in sorted(judge.rules)}
+        self.evidence["order"] = [t.id for t in schedule]
+        self.max_abs, self.max_rel = trials.worst_errors(results)
+        if failure is not None:
+            self.max_abs = failure.get("max_abs_err", self.max_abs)
+            self.max_rel = failure.get("max_rel_err", self.max_rel)
+            raise _Stop(Failure(verdict=failure["verdict"], message=failure["message"], rank=failure.get("rank"),
+                                trial=failure.get("trial"), call=failure.get("call"), phase="check",
+                                max_abs_err=failure.get("max_abs_err"), max_rel_err=failure.get("max_rel_err")))
+
+    def time(self, ref_stats: TimingStats) -> None:
+        assert self.pool is not None and self.reference is not None and self.reference.sets is not None
+        limits = self.config.limits
+        sets = self.reference.sets
+        scratch = self.pool.scratch
+        assert scratch is not None
+        started = time.perf_counter()
+        sets_dir, keep_dir = scratch / "sets", scratch / "kept"
+        sets_dir.mkdir(exist_ok=True)
+        keep_dir.mkdir(exist_ok=True)
+        names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
+        per_rank = {}
+        for rank in range(self.world_size):
+            paths = []
+            for name in names:
+                target = sets_dir / f"{name}-r{rank}.pt"
+                shutil.copyfile(self.ref_dir / f"in-{name}-r{rank}.pt", target)
+                paths.append(str(target))
+            per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
+                              "fresh": paths[sets.count:]}
+        self.ask(self.pool, per_rank, "timing", limits.time_s)
+        self.pool.take_events()
+        probability = min(1.0, self.checks.timed_checks / max(1, self.config.timing.iters))
+        run = timing.drive(self.pool, self.ask, n_sets=sets.count, n_fresh=sets.fresh, config=self.config.timing,
+                           cuda=self.device == "cuda", keep_dir=keep_dir, keep_probability=probability, rng=self.rng,
+                           call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s)
+        self.note_collectives("timing", self.pool.take_events())
+        clock = "cuda_events" if self.device == "cuda" else "host"
+        candidate = timing.stats(run, clock)
+        self.timings = Timings(reference=ref_stats, candidate=candidate)
+        self.stages["timing"] = time.perf_counter() - started
+        self._judge_timed_outputs(run, sets)
+        self._plausibility(run, candidate, ref_stats)
+
+    def _judge_timed_outputs(self, run: timing.TimingRun, sets: Any) -> None:
+        """The kept outputs against the reference's for their input sets; the sets as timing left them."""
+        if not sets.mutated:
+            for rank, prints in run.fingerprints.items():
+                if prints != sets.fingerprints.get(rank):
+                    self.flags.append(integrity.MUTATES_INPUTS)
+                    raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,  # type: ignore[arg-type]
+                                        message=f"rank {rank}: an input set changed while it was timed: the "
+                                                f"candidate modifies its inputs"))
+        wrong = []
+        for kept in run.kept:
+            stem = f"fresh{kept.set_index}" if kept.kind == "fresh" else f"set{kept.set_index}"
+            for rank, path in kept.paths.items():
+                issue = path.with_suffix(".issue")
+                if issue.exists():
+                    wrong.append((kept, rank, f"not comparable: {issue.read_text()[:200]}"))
+                    continue
+                try:
+                    got = transport.read_tree(path, 1 << 40)
+                except transport.TransportError as err:
+                    wrong.append((kept, rank, f"its output could not be read back: {err}"))
+                    continue
+                expected = transport.read_tree(self.ref_dir / f"exp-{stem}-r{rank}.bin", 1 << 40)
+                verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
+                if not verdict["ok"]:
+                    wrong.append((kept, rank, verdict["message"]))
+                path.unlink(missing_ok=True)
+        self.evidence["timed_outputs_judged"] = len(run.kept)
+        if wrong:
+            kept, rank, why = wrong[0]
+            self.flags.append(integrity.TIMED_OUTPUT_WRONG)
+            raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,  # type: ignore[arg-type]
+                                message=f"{len(wrong)} of {len(run.kept) * self.world_size} judged timed outputs were "
+                                        f"wrong although the check passed; first: rank {rank}, a {kept.kind} call on "
+                                        f"input set {kept.set_index}: {why}"))
+
+    def _plausibility(self, run: timing.TimingRun, candidate: TimingStats, reference: TimingStats) -> None:
+        problems = [p for ranks in run.times.get("timed", []) for p in plausibility.timing_problems(ranks)]
+        problems = sorted(set(problems + plausibility.timing_problems([max(r) for r in run.times.get("timed", [])])))
+        if problems:
+            self.flags.append(integrity.TIMING_IMPLAUSIBLE)
+            self.evidence["timing_problems"] = problems
+        rotated = candidate.fresh_pair_median_ms if candidate.fresh_pair_median_ms is not None else candidate.median_ms
+        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, self.checks):
+            self.flags.append(integrity.INPUT_CACHING)
+            self.evidence["input_caching"] = {"rotated_median_ms": rotated, "fresh_median_ms": candidate.fresh_median_ms}
+        if self.checks.reconcile:
+            inconsistent = timing.reconcile(candidate, reference, self.checks)
+            if inconsistent:
+                self.flags.append(integrity.TIMING_INCONSISTENT)
+                self.evidence["timing_inconsistent"] = inconsistent
+
+    def cleanup(self) -> None:
+        teardown = time.perf_counter()
+        if self.reference is not None:
+            self.reference.kill()
+        if self.pool is not None:
+            if self.failure is None:
+                self.pool.close()
+            else:
+                self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
+        if self.ext_copy is not None and self.failure is None:
+            added = keep_lazy_builds(self.ext_copy, self.ext_entry)
+            if added:
+                self.evidence["lazy_builds_kept"] = added
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.stages["teardown"] = time.perf_counter() - teardown
+
+
+def _required(problem: Problem) -> list[str]:
+    from harness.candidate import required_positional
+
+    return required_positional(problem.solution)
 
 
 def evaluate(
@@ -164,158 +474,44 @@ def evaluate(
     config = config or EvalConfig(timing=TimingConfig.for_device(device))
     checks = IntegrityConfig.coerce(
         integrity_config if integrity_config is not None else config.integrity.overrides(), device)
-    candidate_path = Path(candidate_path).resolve()
-    source = candidate_path.read_bytes()
-    stages: dict[str, float] = {}
-    flags: list[str] = []
-    failure: Failure | None = None
-    timings: Timings | None = None
-    max_abs = max_rel = None
-    limits = config.limits
-    # The salt makes inputs unpredictable before the first call; it is recorded for reproduction.
-    salt = secrets.randbits(31) | 1
-    evidence: dict[str, Any] = {"salt": salt, "checks": checks.to_dict()}
-
-    def note_collectives(phase: str, replies: list[dict[str, Any]]) -> None:
-        seen = {str(r["rank"]): r["collectives"] for r in replies if r.get("collectives")}
-        if seen:
-            evidence.setdefault("collectives", {})[phase] = seen
-            flags.append(integrity.USES_NCCL)
-
-    def result(verdict: str) -> EvalResult:
-        speedup = None
-        if timings is not None and timings.candidate.median_ms > 0:
-            speedup = timings.reference.median_ms / timings.candidate.median_ms
-        all_flags = sorted(set(flags))
-        return EvalResult(
-            problem=problem.name, category=problem.category, origin=problem.origin, shape=shape,
-            world_size=world_size, device=device,  # type: ignore[arg-type]
-            candidate=CandidateInfo(path=str(candidate_path), sha256=hashlib.sha256(source).hexdigest()),
-            verdict=verdict,  # type: ignore[arg-type]
-            correct=verdict == failures.CORRECT, failure=failure, max_abs_err=max_abs, max_rel_err=max_rel,
-            timings=timings, speedup=speedup, flags=all_flags, seed=config.seed, trials=config.trials,
-            fast_eligible=fast_eligible(all_flags), integrity=evidence,
-            stages={k: round(v, 4) for k, v in stages.items()}, environment=environment(),
-            config=config.model_dump(),
-        )
-
+    ev = _Evaluation(problem, Path(candidate_path).resolve(), world_size, device, shape, config, checks, log_dir, gpus)
     if problem.origin == "pkb":
         # PKB's generators may leave inputs constant across trials (or the harness had to perturb them):
         # the record says so, whatever the verdict.
-        flags.extend(pkb_compat.input_flags(problem, shape, world_size))
-
-    # 1. compile, in its own process, before any rank starts. A build stopped at its limit is ended
-    # whole, its lock removed (harness.compile.stop_build); the record says what that took.
-    outcome = compile_candidate(candidate_path, limits.compile_s, device, problem=problem.loader_spec)
-    stages["compile"] = outcome.seconds
-    if outcome.cleanup:
-        evidence["stopped_build"] = outcome.cleanup
-    if not outcome.ok:
-        failure = Failure(verdict=outcome.verdict, message=outcome.message, evidence=outcome.evidence,  # type: ignore[arg-type]
-                          phase="compile")
-        return result(outcome.verdict)
-    static = integrity.static_scan(source.decode(errors="replace"))
-    if static:
-        evidence["static"] = static
-        flags.extend(f["flag"] for f in static)
-
-    env = {"TORCH_EXTENSIONS_DIR": str(extensions_dir())}
-    pool = RankPool(world_size, device, start_timeout=limits.start_s, env=env, keep_logs=log_dir, gpus=gpus)
-    phase = "launch"
-    started = time.perf_counter()
+        ev.flags.extend(pkb_compat.input_flags(problem, shape, world_size))
+    phase, started = "compile", time.perf_counter()
     try:
-        # 2. launch the ranks; each takes its reply key before any candidate code exists.
-        pool.start()
-        stages["launch"] = time.perf_counter() - started
-        base = {"problem": problem.loader_spec, "candidate": str(candidate_path), "shape": shape,
-                "integrity": checks.to_dict()}
-
-        # 3. the audit's inputs and reference outputs, while the ranks are still clean.
-        audit = _Audit(pool, problem)
-        if checks.audit:
-            phase, started = "audit", time.perf_counter()
-            audit.prepare(base, config.seed, limits)
-            stages["audit"] = time.perf_counter() - started
-
-        # 4. load the candidate on every rank (in-process builds hit the cache filled in step 1).
-        phase, started = "load", time.perf_counter()
-        replies = _ask(pool, {"op": "load_candidate", **base}, phase, limits.load_s, limits.grace_s)
-        flags.extend(_flags_of(replies))
-        stages["load"] = time.perf_counter() - started
-
-        # 5. correctness: fresh inputs per trial, candidate first, every rank compared; then stress trials
-        # (one rank late) and the precision probe; then the audit call, judged here.
-        phase, started = "check", time.perf_counter()
-        replies = _ask(pool, {"op": "check", **base, "seed": config.seed, "salt": salt, "trials": config.trials},
-                       phase, limits.check_s, limits.grace_s)
-        max_abs = max(r.get("max_abs_err", 0.0) for r in replies)
-        max_rel = max(r.get("max_rel_err", 0.0) for r in replies)
-        flags.extend(_flags_of(replies))
-        note_collectives("check", replies)
-        notes = {k: v for r in replies for k, v in (r.get("notes") or {}).items()}
-        if notes:
-            evidence["notes"] = notes
-        if checks.audit:
-            phase = "audit"
-            replies = audit.run(base, limits)
-            note_collectives("audit", replies)
-            flags.extend(_flags_of(replies))
-        stages["check"] = time.perf_counter() - started
-
-        # 6. timing, only for a correct candidate; the reference with the very same protocol.
-        if not config.skip_timing:
-            phase, started = "timing", time.perf_counter()
-            timing_req = {"op": "time", **base, "seed": config.seed, "salt": salt, "trial_base": TIMING_TRIAL_BASE,
-                          "config": config.timing.model_dump()}
-            clock = "cuda_events" if device == "cuda" else "host"
-            key = reference_key(problem, shape, world_size, device, config)
-            ref_stats = reference_cache.lookup(key) if config.use_reference_cache else None
-            if ref_stats is None:
-                ref_replies = _ask(pool, {**timing_req, "candidate": None}, "timing_reference",
-                                   limits.time_s, limits.grace_s)
-                ref_stats = TimingStats.from_ranks(ref_replies, clock)
-                reference_cache.store(key, ref_stats)
-            cand_replies = _ask(pool, timing_req, phase, limits.time_s, limits.grace_s)
-            flags.extend(_flags_of(cand_replies))
-            note_collectives("timing", cand_replies)
-            timings = Timings(reference=ref_stats, candidate=TimingStats.from_ranks(cand_replies, clock))
-            stages["timing"] = time.perf_counter() - started
-            flags.extend(_plausibility(cand_replies, timings.candidate, checks, evidence))
+        if not ev.compile():
+            return ev.result()
+        phase = "launch"
+        ev.start_pools()
+        seed = integrity.mixed_seed(config.seed, ev.salt)
+        schedule = trials.schedule(config.trials, checks, world_size, ev.rng)
+        phase = "reference"
+        ref_stats = ev.run_reference(schedule, seed)
+        phase = "load"
+        ev.load()
+        phase = "check"
+        ev.check(schedule)
+        if ref_stats is not None:
+            phase = "timing"
+            ev.time(ref_stats)
     except _Stop as stop:
-        stages[phase] = time.perf_counter() - started
-        failure = stop.failure
-        flags.extend(stop.flags)
-    except PoolError as err:
-        stages[phase] = time.perf_counter() - started
-        failure = Failure(verdict=failures.INFRA_ERROR, message=str(err), phase=phase)  # type: ignore[arg-type]
+        ev.stages.setdefault(phase, time.perf_counter() - started)
+        ev.failure = stop.failure
+        ev.flags.extend(stop.flags)
+    except ReferenceFailed as err:
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference")  # type: ignore[arg-type]
+    except (PoolError, SandboxUnavailable) as err:
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)  # type: ignore[arg-type]
     finally:
-        teardown = time.perf_counter()
-        if failure is None:
-            pool.close()
-        else:
-            pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-        stages["teardown"] = time.perf_counter() - teardown
-    if failure is None and timings is not None:
+        ev.cleanup()
+    if ev.failure is None and ev.timings is not None:
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
-        # processes of its own, never in ranks that have loaded the candidate, never beside them.
-        bound = integrity.roofline_bound_ms(problem, shape, world_size, device)
+        # processes of its own, never beside a candidate.
+        bound = plausibility.roofline_bound_ms(problem, shape, world_size, device)
         if bound is not None:
-            evidence["roofline_bound_ms"] = bound
-            if timings.candidate.median_ms < checks.impossible_slack * bound:
-                flags.append(integrity.IMPOSSIBLE)
-    return result(failure.verdict if failure else failures.CORRECT)
-
-
-def _plausibility(replies: list[dict[str, Any]], stats: TimingStats, checks: IntegrityConfig,
-                  evidence: dict[str, Any]) -> list[str]:
-    """What the parent can tell about the candidate's timings without trusting the ranks' processes."""
-    flags = []
-    problems = [p for r in replies for p in integrity.timing_problems(r.get("times_ms", []))]
-    if problems:
-        flags.append(integrity.TIMING_IMPLAUSIBLE)
-        evidence["timing_problems"] = sorted(set(problems))
-    rotated = stats.fresh_pair_median_ms if stats.fresh_pair_median_ms is not None else stats.median_ms
-    if integrity.caching_suspected(rotated, stats.fresh_median_ms, checks):
-        flags.append(integrity.INPUT_CACHING)
-        evidence["input_caching"] = {"rotated_median_ms": rotated, "fresh_median_ms": stats.fresh_median_ms}
-    return flags
+            ev.evidence["roofline_bound_ms"] = bound
+            if ev.timings.candidate.median_ms < checks.impossible_slack * bound:
+                ev.flags.append(integrity.IMPOSSIBLE)
+    return ev.result()

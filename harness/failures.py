@@ -5,7 +5,8 @@ API_ERROR = "api_error"
 RUNTIME_ERROR = "runtime_error"
 SHAPE_MISMATCH = "shape_mismatch"
 OUTPUT_MISMATCH = "output_mismatch"
-DEADLOCK = "deadlock"
+DEADLOCK = "deadlock"  # a phase ran out while ranks waited on each other (barrier, collective, signal spin)
+TIMEOUT = "timeout"  # a phase ran out while every rank still at work was busy, none waiting on a peer
 CORRECT = "correct"
 # Harness or machine failure: retried, never charged to the model.
 INFRA_ERROR = "infra_error"
@@ -18,6 +19,7 @@ VERDICTS = (
     SHAPE_MISMATCH,
     OUTPUT_MISMATCH,
     DEADLOCK,
+    TIMEOUT,
     INFRA_ERROR,
 )
 
@@ -29,6 +31,7 @@ PKB_LABELS = {
     SHAPE_MISMATCH: "shape",
     OUTPUT_MISMATCH: "output mismatch",
     DEADLOCK: "deadlock",
+    TIMEOUT: "deadlock (timeout)",  # PKB's figure counts every hang as a deadlock
     CORRECT: "correct",
     INFRA_ERROR: "infrastructure",
 }

@@ -14,15 +14,16 @@ STALE_OUTPUT = "stale_output"
 RACE = "race"  # correct when ranks run in step, wrong when one rank is late (stress trials)
 REDUCED_PRECISION = "reduced_precision"  # fails the precision probe while passing random inputs
 TIMED_OUTPUT_WRONG = "timed_output_wrong"  # a timed call's output was wrong although the check passed
-AUDIT_FAILED = "audit_failed"  # the harness process's own comparison failed although the ranks said ok
 INPUT_CACHING = "input_caching"  # never-seen inputs much slower than rotated ones: results are cached
 TIMING_IMPLAUSIBLE = "timing_implausible"  # non-positive or non-finite times
+TIMING_INCONSISTENT = "timing_inconsistent"  # claimed times the harness's own clock cannot reconcile
 IMPOSSIBLE = "impossible"  # faster than the roofline lower bound
 SPAWNED_THREADS = "spawned_threads"  # the candidate left Python threads running (informational)
 
 # A correct candidate with one of these flags is never counted as fast (its speedup is not trusted).
 SPEEDUP_DISQUALIFIERS = frozenset({
     USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING, TIMING_IMPLAUSIBLE, IMPOSSIBLE,
+    TIMING_INCONSISTENT,
     "static:harness_access", "static:introspection", "static:monkeypatch", "static:fd_access",
 })
 

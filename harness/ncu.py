@@ -270,12 +270,17 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
 
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape,
                             "candidate": str(candidate) if candidate else None}
-    pool = RankPool(world_size, "cuda", start_timeout=min(left(), 150.0),
+    # Nsight Compute needs the GPU's performance counters, which the sandbox's user namespace cannot reach:
+    # this pool runs the candidate unsandboxed (tests/exploits/README.md lists it). It decides nothing.
+    pool = RankPool(world_size, "cuda", start_timeout=min(left(), 150.0), role="candidate", sandbox=False,
                     env={"TORCH_EXTENSIONS_DIR": str(extensions_dir())}, keep_logs=logs, rank_prefix={rank: command})
     try:
         pool.start()
         if candidate is not None:
-            replies = pool.request({"op": "load_candidate", **base}, timeout=left())
+            from harness.candidate import required_positional
+
+            replies = pool.request({"op": "load_candidate", **base,
+                                    "params": len(required_positional(problem.solution))}, timeout=left())
             if not all(r.get("ok") for r in replies):
                 run.message = next(r.get("message", "") for r in replies if not r.get("ok"))
                 return run, [], set()

@@ -514,69 +514,39 @@ def validate_pkb_problems(
     timeout: float = 60.0,
     on_result: Callable[[Validation], None] | None = None,
 ) -> list[Validation]:
-    """Validate PKB problems under gloo: they have no oracle, so this checks only that the reference
-    loads, runs on every rank, leaves its inputs alone and gives the same answer twice (within
-    tolerance) on each of `trials` fresh inputs. The message says so, and what happened to the inputs.
-    """
+    """Validate PKB problems under gloo: they have no oracle, so each reference is judged as a candidate
+    against itself by the full harness (harness.evaluate, no timing): it loads, runs on every rank, and
+    agrees with itself on `trials` fresh inputs under the rules a PKB solution is held to. The message
+    says so, and what happened to the inputs."""
     import time
 
-    from harness import failures
-    from harness.pool import Hang, PoolError, RankPool
+    from harness.config import EvalConfig, Limits
+    from harness.evaluate import evaluate
     from harness.validate import Validation
 
     results: list[Validation] = []
-
-    def record(problem: Problem, w: int, ok: bool, verdict: str, message: str, started: float) -> None:
-        v = Validation(problem.name, problem.category, w, ok, verdict, message, time.perf_counter() - started)
-        results.append(v)
-        if on_result:
-            on_result(v)
-
     for w in world_sizes:
-        pool: RankPool | None = None
-        try:
-            for problem in problems:
-                if not problem.supports(w):
-                    continue
-                started = time.perf_counter()
-                notes = probe_inputs(problem, shape, w, seed)
-                if pool is None:
-                    pool = RankPool(w, "cpu").start()
-                base = {"problem": problem.loader_spec, "candidate": str(problem.path), "shape": shape}
-                try:
-                    replies = pool.request({"op": "load_candidate", **base}, timeout=timeout)
-                    if all(r.get("ok") for r in replies):
-                        replies = pool.request({"op": "check", **base, "seed": seed, "trials": trials},
-                                               timeout=timeout)
-                except Hang as hang:
-                    pool.kill()
-                    pool = None
-                    record(problem, w, False, failures.DEADLOCK, f"the reference hung: {hang}", started)
-                    continue
-                bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: r.get("rank", 0))
-                if bad:
-                    pool.kill()
-                    pool = None
-                    first = bad[0]
-                    message = first.get("message", "")
-                    if "mutates_inputs" in first.get("flags", []):
-                        verdict = "contract"
-                        message = ("the reference modifies its inputs in place; this harness rejects candidates "
-                                   f"that do, so no candidate could match it ({message})")
-                    else:
-                        verdict = first.get("verdict", failures.INFRA_ERROR)
-                        message = f"the reference failed: {message}"
-                    if first.get("evidence"):
-                        message += "\n" + first["evidence"]
-                    record(problem, w, False, verdict, message, started)
-                    continue
-                worst = max(r.get("max_abs_err", 0.0) for r in replies)
-                summary = (f"no oracle (PKB problem): only checked that the reference runs and agrees with itself "
-                           f"on {trials} trials (max abs diff {worst:.3g})")
-                record(problem, w, True, "ok", "; ".join([summary, *notes]), started)
-        except PoolError as err:
-            results.append(Validation("*", "*", w, False, failures.INFRA_ERROR, str(err), 0.0))
-        finally:
-            if pool is not None:
-                pool.close()
+        for problem in problems:
+            if not problem.supports(w):
+                continue
+            started = time.perf_counter()
+            notes = probe_inputs(problem, shape, w, seed)
+            config = EvalConfig(trials=max(2, trials), seed=seed, skip_timing=True,
+                                limits=Limits(check_s=timeout, reference_s=max(timeout, 120.0)))
+            result = evaluate(problem, problem.path, world_size=w, device="cpu", shape=shape, config=config)
+            if result.correct:
+                rules = "; ".join(result.integrity.get("rules", {}).values())
+                message = "; ".join([f"no oracle (PKB problem): the reference judged correct against itself on "
+                                     f"{config.trials} trials ({rules})", *notes])
+                verdict = "ok"
+            else:
+                assert result.failure is not None
+                verdict, message = result.verdict, f"the reference against itself: {result.failure.message}"
+                if result.failure.evidence:
+                    message += "\n" + result.failure.evidence
+            v = Validation(problem.name, problem.category, w, result.correct, verdict, message,
+                           time.perf_counter() - started)
+            results.append(v)
+            if on_result:
+                on_result(v)
     return results

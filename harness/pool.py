@@ -1,21 +1,30 @@
-"""A group of W rank processes that the harness can always kill, and whose verdicts it can trust.
+"""A group of W rank processes that the harness can always kill, and whose replies it reads as data.
 
-Each rank is a `python -m harness.worker` process in its own session; killing the pool kills every
-process left in those sessions (a compiler under ninja, anything the candidate spawned), not just the
-ranks' process groups. Requests travel on private pipes; replies too, but a candidate runs inside the
-rank and can write to its reply pipe, so every pool is sealed: once the ranks are up, and before any
-candidate or reference code is imported, each rank gets a random key on its request pipe, and from
-then on every reply is JSON with an HMAC over the request's nonce and the body (harness.channel). The
-parent reads raw bytes with a deadline and never unpickles what a rank wrote after that point. The
-candidate's stdout and stderr go to per-rank log files. Rendezvous uses a FileStore in a private
-temporary folder: no port is opened, so none can be left behind.
+A pool is one launcher process (harness.rank.launcher) that starts the W `harness.rank.worker`
+processes; for a pool that loads candidate code (role "candidate") the launcher runs inside a sandbox
+(harness.sandbox: its own PID, user, network and IPC namespaces, a read-only filesystem, one writable
+scratch folder), so killing the sandbox ends every process the ranks started. Pools that only run
+references and problem code (role "trusted": reference timing, validation, tracing) skip the sandbox.
+
+Each rank has four pipes: requests (harness -> rank), replies, events (collectives as the rank's
+monitor sees them, written as they happen) and its stdout+stderr, which the harness drains while it
+waits and caps (a rank that writes more than `output_cap` bytes fails the pool). Replies after the
+"seal" request are JSON with an HMAC over the request's nonce and the body (harness.channel); nothing a
+rank writes after that point is unpickled. A rank runs hostile code, so a reply is a claim: the judge
+(harness.judge) decides from the data in it, never from a verdict it states.
+
+When a request overruns, `Hang.stacks` holds every rank's Python stack (py-spy where installed, else
+the worker's faulthandler), taken before the pool is killed: harness.judge.watchdog reads them to tell
+ranks that wait on each other (deadlock) from ranks that are busy (timeout).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import struct
@@ -23,12 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from harness import channel, failures
+from harness.sandbox import SandboxInfo, SandboxPolicy, clean_environment, probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,21 +49,34 @@ SAFE_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+OUTPUT_CAP = 64 << 20  # bytes of stdout+stderr a pool's ranks may write together
+LOG_TAIL = 200_000  # bytes of each rank's output kept
+PROCESS_LIMIT_PER_RANK = 64  # processes a sandbox may hold per rank (compilers included)
 
 
 class PoolError(RuntimeError):
     """The pool itself failed (could not start): an infrastructure error."""
 
 
-class Hang(RuntimeError):
-    """Some ranks did not answer in time. `replies` holds what the others said."""
+class RankMisbehaved(RuntimeError):
+    """A rank broke a limit of its sandbox (output volume, process count): the candidate's failure."""
 
-    def __init__(self, missing: list[int], replies: dict[int, dict[str, Any]], timeout: float) -> None:
+    def __init__(self, rank: int | None, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class Hang(RuntimeError):
+    """Some ranks did not answer in time. `replies` holds what the others said; `stacks` every rank's
+    stack at the moment the limit ran out (empty where none could be taken)."""
+
+    def __init__(self, missing: list[int], replies: dict[int, dict[str, Any]], timeout: float,
+                 stacks: dict[int, str] | None = None) -> None:
         super().__init__(f"ranks {missing} did not answer within {timeout:.0f} s")
         self.missing = missing
         self.replies = replies
         self.timeout = timeout
-
+        self.stacks = stacks or {}
 
 
 # -- folders of pools whose harness was killed -----------------------------------------------------
@@ -126,10 +150,19 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen
     requests: Connection
     replies: Connection
-    log: Path
+    events_fd: int
+    log_fd: int
+    log: bytearray = field(default_factory=bytearray)
+    log_bytes: int = 0
+    events: Counter[str] = field(default_factory=Counter)
+    events_buffer: bytes = b""
+    returncode: int | None = None
+    inner_pid: int | None = None
+    host_pid: int | None = None
+    building_since: float | None = None  # a native build inside a call began (monotonic), not yet ended
+    build_seconds: float = 0.0
 
 
 def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -144,70 +177,165 @@ def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
+def _pid_namespace_members(host_pid: int) -> list[int]:
+    """Host pids of the live processes in the PID namespace of `host_pid`."""
+    try:
+        target = os.readlink(f"/proc/{host_pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") == target and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _inner_pids(host_pid: int) -> list[int]:
+    """The NSpid chain of a process: its pid as seen from each nested PID namespace, outermost first."""
+    try:
+        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 class RankPool:
     """W worker processes joined in one process group, with a sealed reply channel. Use as a context
     manager."""
 
     def __init__(self, world_size: int, device: str = "cpu", *, start_timeout: float = 120.0,
                  env: dict[str, str] | None = None, keep_logs: Path | None = None,
-                 gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None) -> None:
+                 gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None,
+                 role: str = "trusted", extensions: Path | None = None, output_cap: int = OUTPUT_CAP,
+                 fsize_limit: int = 16 << 30, nofile_limit: int = 16384, emulate: int = 1,
+                 sandbox: bool = True) -> None:
         """`gpus`: physical GPU indices, one per rank (default: 0..W-1), exported as CUDA_VISIBLE_DEVICES
         so rank r sees its GPU as cuda:r and two pools on disjoint GPU sets never collide.
-        `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank."""
+        `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank.
+        `role`: "candidate" for pools that load candidate code (sandboxed), "trusted" for the rest.
+        `extensions`: the folder mounted as the sandbox's torch extension folder (candidate pools).
+        `sandbox=False` runs a candidate pool without its sandbox (Nsight Compute needs the GPU's
+        performance counters, which a user namespace cannot reach); the record says so."""
+        if role not in ("trusted", "candidate"):
+            raise ValueError(f"unknown pool role {role!r}")
         self.world_size = world_size
         self.device = device
         self.start_timeout = start_timeout
         self.extra_env = env or {}
         self.keep_logs = keep_logs
-        if gpus is not None and len(gpus) != world_size:
+        if gpus is not None and len(gpus) * max(1, emulate) < world_size:
             raise ValueError(f"{world_size} ranks need {world_size} GPUs, got {gpus}")
         self.gpus = gpus
         self.rank_prefix = rank_prefix or {}
+        self.role = role
+        self.extensions = extensions
+        self.output_cap = output_cap
+        self.limits = {"nofile": nofile_limit, "fsize": fsize_limit}
+        if role != "candidate":
+            self.sandbox = SandboxInfo("none", reason="trusted pool")
+        elif not sandbox:
+            self.sandbox = SandboxInfo("none", reason="asked to run unsandboxed (Nsight Compute profiling)")
+        else:
+            self.sandbox = probe()
         self.ranks: list[_Rank] = []
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.scratch: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self._status_fd: int | None = None
+        self._status_buffer = b""
         self.start_seconds = 0.0
+        self.last_span_s = 0.0
         # The reply channel: one key per rank once sealed (None before), the current request's nonce,
         # and the bytes read from each rank's reply pipe that do not yet make a whole frame.
         self._keys: dict[int, bytes] | None = None
         self._nonce = ""
         # In every rank's environment, so inherited by all they start: kill() finds by it what left
-        # the ranks' sessions.
+        # the ranks' sessions (unsandboxed pools).
         self._marker = f"{POOL_MARKER}={secrets.token_hex(12)}"  # matches _MARKER_LINE
         self._buffers: dict[int, bytearray] = {}
+        self._process_check_at = 0.0
+        self._started_at = 0.0
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.sandbox.backend == "bwrap"
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> RankPool:
-        started = time.perf_counter()
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> RankPool:
+        """Start the processes; wait_ready() waits for them. Between the two the harness may do other work."""
+        self._started_at = time.perf_counter()
         reap_stale_folders()
         self.tmp = tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX)
-        (Path(self.tmp.name) / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
-        init_file = Path(self.tmp.name) / "rendezvous"
+        folder = Path(self.tmp.name)
+        (folder / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
+        self.scratch = folder / "scratch"
+        for sub in ("", "tmp", "cache"):
+            (self.scratch / sub).mkdir(exist_ok=True)
+        child_fds: list[int] = []
+        entries = []
+        for rank in range(self.world_size):
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            ev_r, ev_w = os.pipe()
+            log_r, log_w = os.pipe()
+            os.set_blocking(ev_r, False)
+            os.set_blocking(log_r, False)
+            child_fds += [req_r, rep_w, ev_w, log_w]
+            entries.append({"rank": rank, "request_fd": req_r, "reply_fd": rep_w, "events_fd": ev_w,
+                            "log_fd": log_w, "prefix": self.rank_prefix.get(rank, [])})
+            self.ranks.append(_Rank(rank, Connection(req_w, readable=False), Connection(rep_r, writable=False),
+                                    ev_r, log_r))
+        status_r, status_w = os.pipe()
+        os.set_blocking(status_r, False)
+        child_fds.append(status_w)
+        self._status_fd = status_r
+        spec = {"ranks": entries, "status_fd": status_w, "limits": self.limits,
+                "worker_args": ["--world-size", str(self.world_size), "--device", self.device,
+                                "--init-file", str(self.scratch / "rendezvous"), "--role", self.role]}
+        command = [sys.executable, "-m", "harness.rank.launcher", json.dumps(spec)]
         env = worker_env(self.device, self.extra_env)
         env[POOL_MARKER] = self._marker.split("=", 1)[1]
         if self.device == "cuda" and self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
-        for rank in range(self.world_size):
-            req_r, req_w = os.pipe()
-            rep_r, rep_w = os.pipe()
-            log = Path(self.tmp.name) / f"rank{rank}.log"
-            with open(log, "wb") as log_file:
-                proc = subprocess.Popen(
-                    [*self.rank_prefix.get(rank, []),
-                     sys.executable, "-m", "harness.worker", "--rank", str(rank), "--world-size",
-                     str(self.world_size), "--device", self.device, "--init-file", str(init_file),
-                     "--request-fd", str(req_r), "--reply-fd", str(rep_w)],
-                    pass_fds=(req_r, rep_w),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=str(REPO_ROOT),
-                    start_new_session=True,
-                )
-            os.close(req_r)
-            os.close(rep_w)
-            self.ranks.append(_Rank(rank, proc, Connection(req_w, readable=False),
-                                    Connection(rep_r, writable=False), log))
+        if self.role == "candidate":
+            env = clean_environment(env, self.scratch)
+            if self.sandboxed:
+                from harness.sandbox import EXT_MOUNT
+
+                if self.extensions is not None:
+                    env["TORCH_EXTENSIONS_DIR"] = EXT_MOUNT
+                policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions,
+                                       hide=(cache_root(),), gpus=self.device == "cuda")
+                command = policy.bwrap_command(command, REPO_ROOT)
+            elif self.extensions is not None:
+                env["TORCH_EXTENSIONS_DIR"] = str(self.extensions)
+        with open(folder / "sandbox.log", "wb") as sandbox_log:
+            self.proc = subprocess.Popen(command, pass_fds=child_fds, stdin=subprocess.DEVNULL, stdout=sandbox_log,
+                                         stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT),
+                                         start_new_session=True)
+        for fd in child_fds:
+            os.close(fd)
+        return self
+
+    def wait_ready(self) -> RankPool:
         try:
             replies = self._collect(self.start_timeout, grace=5.0)
         except Hang as hang:
@@ -215,12 +343,31 @@ class RankPool:
             raise PoolError(f"rank processes did not start: {hang}; {self._log_tails(hang.missing)}") from hang
         bad = [r for r in replies.values() if not r.get("ok")]
         if bad:
+            tails = self._log_tails([bad[0].get("rank", 0)])
             self.kill()
-            raise PoolError(f"rank {bad[0]['rank']} failed to start: {bad[0].get('message')}\n"
-                            f"{bad[0].get('evidence', '')}")
+            raise PoolError(f"rank {bad[0].get('rank')} failed to start: {bad[0].get('message')}\n"
+                            f"{bad[0].get('evidence', '')}{tails}")
+        for r in self.ranks:
+            r.inner_pid = replies[r.rank].get("pid")
+        self._find_host_pids()
         self._seal()
-        self.start_seconds = time.perf_counter() - started
+        self.start_seconds = time.perf_counter() - self._started_at
         return self
+
+    def _find_host_pids(self) -> None:
+        """Map each rank's own pid (as it sees it, inside the sandbox's PID namespace) to the host's."""
+        if not self.sandboxed or self.proc is None:
+            for r in self.ranks:
+                r.host_pid = r.inner_pid
+            return
+        wanted = {r.inner_pid: r for r in self.ranks}
+        stack = [self.proc.pid]
+        while stack:
+            pid = stack.pop()
+            chain = _inner_pids(pid)
+            if len(chain) > 1 and chain[-1] in wanted:
+                wanted[chain[-1]].host_pid = pid
+            stack.extend(_children(pid))
 
     def _seal(self) -> None:
         """Give each rank its reply key. The worker has imported nothing but the harness yet (no problem,
@@ -250,14 +397,16 @@ class RankPool:
 
     @property
     def alive(self) -> bool:
-        return bool(self.ranks) and all(r.proc.poll() is None for r in self.ranks)
+        return bool(self.ranks) and self.proc is not None and self.proc.poll() is None \
+            and all(r.returncode is None for r in self.ranks)
 
     @property
     def sealed(self) -> bool:
         return self._keys is not None
 
     def pids(self) -> list[int]:
-        return [r.proc.pid for r in self.ranks]
+        """Host pids of the rank workers."""
+        return [r.host_pid for r in self.ranks if r.host_pid is not None]
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask every rank to exit; kill whatever has not exited by the deadline."""
@@ -266,46 +415,62 @@ class RankPool:
                 r.requests.send({"op": "exit"})
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + timeout
-        for r in self.ranks:
+        if self.proc is not None:
             try:
-                r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL every rank's whole session, reap the ranks, close pipes, remove the temp folder.
+        """End every process of the pool, close the pipes, remove the pool's folder.
 
-        A process group is not enough: ninja starts every compiler in a group of its own and any code
-        can call setpgid, but only setsid leaves the session each rank leads (start_new_session); what
-        did call setsid is found by the pool's marker in its environment."""
-        for r in self.ranks:
+        Sandboxed: SIGKILL of bwrap takes its init with it (--die-with-parent), and the kernel then ends
+        every process of the sandbox's PID namespace. Unsandboxed: the launcher's session, then every
+        process carrying the pool's marker (what called setsid)."""
+        proc = self.proc
+        if proc is not None:
+            members = _pid_namespace_members(next(iter(_children(proc.pid)), proc.pid)) if self.sandboxed else []
             try:
-                os.killpg(r.proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            channel.kill_session(r.proc.pid)
-        for r in self.ranks:
+            channel.kill_session(proc.pid)
             try:
-                r.proc.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-            # What left the rank's process group and was started after the first sweep.
-            channel.kill_session(r.proc.pid)
+            channel.kill_session(proc.pid)
+            if self.sandboxed:
+                for pid in members:  # normally gone with the namespace's init already
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            channel.kill_marked(self._marker)
+        for r in self.ranks:
             for conn in (r.requests, r.replies):
                 try:
                     conn.close()
                 except OSError:
                     pass
-        if self.ranks:
-            channel.kill_marked(self._marker)  # what left the sessions (setsid) with the marker
+            for fd in (r.events_fd, r.log_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self._status_fd is not None:
+            try:
+                os.close(self._status_fd)
+            except OSError:
+                pass
+            self._status_fd = None
         if self.keep_logs is not None and self.tmp is not None:
             self.keep_logs.mkdir(parents=True, exist_ok=True)
             for r in self.ranks:
-                if r.log.exists():
-                    (self.keep_logs / r.log.name).write_bytes(r.log.read_bytes()[-200_000:])
+                (self.keep_logs / f"rank{r.rank}.log").write_bytes(bytes(r.log))
         self.ranks = []
+        self.proc = None
         self._keys = None
         self._buffers = {}
         if self.tmp is not None:
@@ -313,21 +478,38 @@ class RankPool:
             self.tmp = None
 
     # -- requests -------------------------------------------------------------------------------
-    def request(self, message: dict[str, Any], timeout: float, grace: float = 5.0) -> list[dict[str, Any]]:
-        """Send one request to every rank; return the replies in rank order.
+    def request(self, message: dict[str, Any] | dict[int, dict[str, Any]], timeout: float,
+                grace: float = 5.0, build_allowance: float = 0.0) -> list[dict[str, Any]]:
+        """Send one request to every rank (the same message, or one per rank keyed by rank); return the
+        replies in rank order. `last_span_s` is the harness's own time from the first send to the last
+        reply.
 
-        Raises Hang when a rank has not answered by `timeout`, or within `grace` seconds of another
-        rank reporting a failure (its peers are then usually stuck in a collective).
+        Raises Hang (with every rank's stack) when a rank has not answered by `timeout`, or within
+        `grace` seconds of another rank reporting a failure (its peers are then usually stuck in a
+        collective); RankMisbehaved when a rank breaks a limit of its sandbox. A rank that reported a
+        native build starting (a build inside a call) gets up to `build_allowance` seconds from then.
         """
         if not self.alive:
             raise PoolError("the rank pool is not running")
+        per_rank = message if all(isinstance(k, int) for k in message) else None
         self._nonce = secrets.token_hex(16)  # a reply to an earlier request can never pass for this one's
+        started = time.perf_counter()
         for r in self.ranks:
-            r.requests.send({**message, "nonce": self._nonce})
-        replies = self._collect(timeout, grace)
+            body = per_rank[r.rank] if per_rank is not None else message
+            r.requests.send({**body, "nonce": self._nonce})  # type: ignore[dict-item]
+        replies = self._collect(timeout, grace, build_allowance)
+        self.last_span_s = time.perf_counter() - started
         return [replies[i] for i in range(self.world_size)]
 
-    def _collect(self, timeout: float, grace: float) -> dict[int, dict[str, Any]]:
+    def building(self, ranks: list[int] | None = None) -> list[int]:
+        """Ranks inside a native build right now (from their build events)."""
+        return [r.rank for r in self.ranks if r.building_since is not None and (ranks is None or r.rank in ranks)]
+
+    def build_seconds(self) -> float:
+        """The longest time any rank spent in native builds inside calls so far."""
+        return max((r.build_seconds for r in self.ranks), default=0.0)
+
+    def _collect(self, timeout: float, grace: float, build_allowance: float = 0.0) -> dict[int, dict[str, Any]]:
         deadline = time.monotonic() + timeout
         replies: dict[int, dict[str, Any]] = {}
         by_conn = {r.replies: r for r in self.ranks}
@@ -347,12 +529,153 @@ class RankPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(self.world_size)) - set(replies))
-                raise Hang(missing, replies, timeout)
+                builds = [r.building_since for r in self.ranks if r.rank in missing and r.building_since is not None]
+                if builds and not any(not rep.get("ok") for rep in replies.values()):
+                    remaining = min(builds) + build_allowance - time.monotonic()
+                if remaining <= 0:
+                    raise Hang(missing, replies, timeout, self.stacks())
             pending = [r.replies for r in self.ranks if r.rank not in replies]
-            for conn in wait(pending, timeout=min(remaining, 0.5)):
-                r = by_conn[conn]
+            # The ranks' output and event pipes are read while waiting, so a rank that writes a lot
+            # never blocks on a full pipe (and one that writes too much is stopped).
+            by_fd = {fd: (r, kind) for r in self.ranks for fd, kind in ((r.log_fd, "log"), (r.events_fd, "events"))
+                     if fd >= 0}
+            ready = wait([*pending, *by_fd], timeout=min(remaining, 0.5))
+            for item in ready:
+                if isinstance(item, int):
+                    r, kind = by_fd[item]
+                    self._drain(r, kind)
+                    continue
+                r = by_conn[item]
                 take(r, self._read_sealed(r) if self._keys is not None else self._read_startup(r))
+            self._watch_processes()
+        for r in self.ranks:
+            self._drain(r, "log")
+            self._drain(r, "events")
         return replies
+
+    def _drain(self, r: _Rank, kind: str) -> None:
+        """Read what a rank's log or events pipe holds now. Logs: keep the tail, count every byte, fail
+        the pool past the cap. Events: one line per collective, counted by name."""
+        fd = r.log_fd if kind == "log" else r.events_fd
+        while fd >= 0:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                # The writer is gone; stop watching this descriptor.
+                if kind == "log":
+                    os.close(fd)
+                    r.log_fd = -1 - r.rank  # negative: never polled again, never a real descriptor
+                else:
+                    os.close(fd)
+                    r.events_fd = -101 - r.rank
+                return
+            if kind == "log":
+                r.log_bytes += len(chunk)
+                r.log += chunk
+                if len(r.log) > LOG_TAIL:
+                    del r.log[:len(r.log) - LOG_TAIL]
+                total = sum(x.log_bytes for x in self.ranks)
+                if total > self.output_cap:
+                    raise RankMisbehaved(r.rank, f"the ranks wrote more than {self.output_cap >> 20} MiB to stdout "
+                                                 f"and stderr (rank {r.rank} wrote {r.log_bytes >> 20} MiB)")
+            else:
+                data = r.events_buffer + chunk
+                *lines, r.events_buffer = data.split(b"\n")
+                for line in lines:
+                    name = line.decode(errors="replace").strip()[:64]
+                    if name == "build_start":
+                        r.building_since = time.monotonic()
+                    elif name == "build_end":
+                        if r.building_since is not None:
+                            r.build_seconds += time.monotonic() - r.building_since
+                        r.building_since = None
+                    elif name:
+                        r.events[name] += 1
+                if len(r.events_buffer) > 4096:
+                    r.events_buffer = b""
+
+    def take_events(self) -> dict[int, dict[str, int]]:
+        """Collectives each rank's monitor reported since the last call (drained now)."""
+        out = {}
+        for r in self.ranks:
+            self._drain(r, "events")
+            if r.events:
+                out[r.rank] = dict(r.events)
+            r.events.clear()
+        return out
+
+    def _watch_processes(self) -> None:
+        """At most once a second: a sandbox holding more processes than its limit fails the pool (a fork
+        bomb must not take the machine; RLIMIT_NPROC does not bind when the harness runs as root)."""
+        now = time.monotonic()
+        if not self.sandboxed or self.proc is None or now < self._process_check_at:
+            return
+        self._process_check_at = now + 1.0
+        inside = next(iter(_children(self.proc.pid)), None)
+        if inside is None:
+            return
+        count = len(_pid_namespace_members(inside))
+        limit = PROCESS_LIMIT_PER_RANK * self.world_size + 8
+        if count > limit:
+            raise RankMisbehaved(None, f"the ranks started {count} processes, more than the sandbox's limit of {limit}")
+
+    def net_bytes(self) -> int | None:
+        """Bytes sent over the sandbox's loopback since it started (gloo and NCCL socket traffic between
+        its ranks), read from outside; None where the pool has no network namespace of its own."""
+        if not self.sandboxed or self.proc is None:
+            return None
+        inside = next(iter(_children(self.proc.pid)), None)
+        if inside is None:
+            return None
+        try:
+            for line in Path(f"/proc/{inside}/net/dev").read_text().splitlines():
+                name, _, rest = line.partition(":")
+                if name.strip() == "lo":
+                    return int(rest.split()[8])  # transmitted bytes (on loopback every byte is also received)
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def stacks(self, timeout: float = 15.0) -> dict[int, str]:
+        """Every live rank's Python stack: py-spy (from outside) where it is installed, else the worker's
+        faulthandler (SIGUSR1; the dump lands in its log)."""
+        pids = {r.rank: r.host_pid for r in self.ranks if r.host_pid}
+        spy = shutil.which("py-spy")
+        out: dict[int, str] = {}
+        if spy:
+            procs = {rank: subprocess.Popen([spy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                     for rank, pid in pids.items()}
+            deadline = time.monotonic() + timeout
+            for rank, proc in procs.items():
+                try:
+                    text, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                    out[rank] = text.decode(errors="replace")[-6000:]
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+            if all(("Thread" in text) for text in out.values()) and len(out) == len(pids):
+                return out
+        marks = {}
+        for r in self.ranks:
+            if r.host_pid:
+                marks[r.rank] = len(r.log)
+                try:
+                    os.kill(r.host_pid, signal.SIGUSR1)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        time.sleep(0.5)
+        for r in self.ranks:
+            if r.rank in marks and r.rank not in out:
+                self._drain(r, "log")
+                dump = bytes(r.log[marks[r.rank]:]).decode(errors="replace")
+                if "File " in dump:
+                    out[r.rank] = dump[-6000:]
+        return out
 
     def _read_startup(self, r: _Rank) -> dict[str, Any]:
         """Before sealing only the worker's own code has run (no problem, no candidate): pickle is safe."""
@@ -391,22 +714,61 @@ class RankPool:
             return channel.forged_reply(r.rank, "a reply failed authentication")
         return reply
 
+    def _read_status(self, wait_s: float) -> None:
+        """Exit codes the launcher reported (a line per rank that ended)."""
+        deadline = time.monotonic() + wait_s
+        while self._status_fd is not None:
+            ready, _, _ = select.select([self._status_fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return
+            try:
+                chunk = os.read(self._status_fd, 4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return
+            *lines, self._status_buffer = (self._status_buffer + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    entry = json.loads(line)
+                    self.ranks[int(entry["rank"])].returncode = int(entry["returncode"])
+                except (ValueError, KeyError, IndexError, TypeError):
+                    continue
+            if time.monotonic() >= deadline:
+                return
+
     def _death_reply(self, r: _Rank) -> dict[str, Any]:
         """The reply of a rank whose process is gone. `died` marks it as the root failure: its peers then
         fail on the broken connection, and their replies must not be taken for the cause."""
-        try:
-            code = r.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
+        if r.returncode is None:
+            self._read_status(5.0)
+        code = r.returncode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        self._drain(r, "log")
         return {"ok": False, "rank": r.rank, "verdict": failures.RUNTIME_ERROR, "died": True,
                 "message": f"rank {r.rank} process {how}", "evidence": self._log_tail(r)}
 
+    def log_tail(self, rank: int, limit: int = 3000) -> str:
+        return self._log_tail(self.ranks[rank], limit) if rank < len(self.ranks) else ""
+
     def _log_tail(self, r: _Rank, limit: int = 3000) -> str:
-        try:
-            return r.log.read_bytes()[-limit:].decode(errors="replace")
-        except OSError:
-            return ""
+        return bytes(r.log[-limit:]).decode(errors="replace")
 
     def _log_tails(self, ranks: list[int]) -> str:
-        return "\n".join(f"[rank {r.rank} log]\n{self._log_tail(r)}" for r in self.ranks if r.rank in ranks)
+        for r in self.ranks:
+            self._drain(r, "log")
+        sandbox = ""
+        if self.tmp is not None:
+            try:
+                sandbox = (Path(self.tmp.name) / "sandbox.log").read_text(errors="replace")[-2000:]
+            except OSError:
+                pass
+        text = "\n".join(f"[rank {r.rank} log]\n{self._log_tail(r)}" for r in self.ranks if r.rank in ranks)
+        return text + (f"\n[sandbox]\n{sandbox}" if sandbox.strip() else "")
+
+
+def cache_root() -> Path:
+    """The harness's cache folder (reference timings, extension builds, keys): hidden from sandboxes."""
+    return Path(os.environ.get("PKB_CACHE_DIR", Path.home() / ".cache" / "pkb-agent"))

@@ -26,6 +26,7 @@ the rank workers cannot import pydantic) and, on GPUs, adds Nsight Compute metri
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import statistics
 import tempfile
@@ -438,23 +439,32 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
             ncu_replay: str = "kernel") -> ProfileReport:
     """Profile `candidate` (None: the reference) on `world_size` ranks; on GPUs optionally add Nsight
     Compute metrics of one rank (harness.ncu). Raises ProfileError when the candidate cannot run."""
-    from harness.compile import compile_candidate, extensions_dir
+    from harness.candidate import required_positional
+    from harness.compile import compile_candidate, private_copy
     from harness.pool import PoolError, RankPool
 
     started = time.perf_counter()
     notes: list[str] = []
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape, "candidate": None}
+    entry = None
     if candidate is not None:
         candidate = Path(candidate).resolve()
         built = compile_candidate(candidate, 180.0, device, problem=problem.loader_spec)
         if not built.ok:
             raise ProfileError(built.message, built.verdict, built.evidence)
         base["candidate"] = str(candidate)
-    pool = RankPool(world_size, device, env={"TORCH_EXTENSIONS_DIR": str(extensions_dir())})
+        entry = built.extensions
+    # The candidate runs here too: in its sandbox, like in an evaluation (a timeline decides nothing, but
+    # its code is as hostile as ever).
+    folder = Path(tempfile.mkdtemp(prefix="pkb-profile-"))
+    pool = RankPool(world_size, device, role="candidate" if candidate is not None else "trusted",
+                    extensions=private_copy(entry, folder / "extensions") if candidate is not None else None)
     try:
         pool.start()
         if candidate is not None:
-            _ask(pool, {"op": "load_candidate", **base}, 300.0, "load")
+            _ask(pool, {"op": "setup", "problem": problem.loader_spec}, 60.0, "load")
+            _ask(pool, {"op": "load_candidate", **base, "params": len(required_positional(problem.solution))},
+                 300.0, "load")
         replies = _ask(pool, {"op": "profile", **base, "seed": seed, "warmup": warmup, "iters": iters,
                               "mode": "timeline", "tag": uuid.uuid4().hex[:12]}, timeout, "profile")
         pool.close()
@@ -462,6 +472,7 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
         raise ProfileError(str(err)) from err
     finally:
         pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
+        shutil.rmtree(folder, ignore_errors=True)
     ranks, slowest, skew = merge(replies)
     if any(r.window_source.startswith("whole profile") for r in ranks):
         notes.append("no spin markers in the trace: windows span the whole profile, harness barriers included")

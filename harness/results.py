@@ -5,7 +5,6 @@ Parent-side only (the rank worker must not import pydantic).
 
 from __future__ import annotations
 
-import statistics
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ Verdict = Literal[
     "shape_mismatch",
     "output_mismatch",
     "deadlock",
+    "timeout",
     "infra_error",
 ]
 
@@ -32,6 +32,8 @@ class Failure(BaseModel):
     message: str
     rank: int | None = None
     trial: int | None = None
+    call: int | None = Field(None, description="position of the failing call in the evaluation's (secret, "
+                                               "shuffled) call order")
     phase: str | None = None
     evidence: str = ""
     max_abs_err: float | None = None
@@ -62,32 +64,37 @@ class TimingStats(BaseModel):
         None, description="median of the rotated-input iterations interleaved with the fresh ones (the "
                           "comparison fresh_median_ms is judged against)")
 
+    span_median_ms: float | None = Field(
+        None, description="the harness's own clock: median time from sending a timed iteration's request to the "
+                          "last rank's reply (spin, barrier and pipe included)")
+    unexplained_low_ms: float | None = Field(
+        None, description="20th percentile of span - claimed call time - spin per timed iteration; compared "
+                          "with the reference's to reconcile claimed times with the harness's clock")
+    host_span_median_ms: float | None = Field(
+        None, description="the harness's own clock around each host-latency iteration")
+    judged_outputs: int = Field(0, description="timed calls whose outputs were kept (chosen after they returned) "
+                                               "and judged")
+
+
     @classmethod
-    def from_ranks(cls, replies: list[dict[str, Any]], clock: str) -> TimingStats:
+    def from_rank_loops(cls, replies: list[dict[str, Any]], clock: str) -> TimingStats:
+        """Stats of a timing loop that ran inside trusted ranks (harness.timing: the machine's calibration);
+        candidates and references are timed by harness.judge.timing instead."""
+        import statistics
+
         per_rank = [r["times_ms"] for r in replies]
         per_iter = [max(vals) for vals in zip(*per_rank)]  # an iteration ends when its slowest rank does
         host = [max(vals) for vals in zip(*(r["host_ms"] for r in replies))]
         rank_medians = [statistics.median(t) for t in per_rank]
         mean = statistics.fmean(per_iter)
         qs = statistics.quantiles(per_iter, n=10, method="inclusive") if len(per_iter) > 1 else per_iter * 9
-        fresh = [max(vals) for vals in zip(*(r.get("fresh_ms") or [] for r in replies))]
-        pairs = [max(vals) for vals in zip(*(r.get("fresh_pair_ms") or [] for r in replies))]
         return cls(
-            median_ms=statistics.median(per_iter),
-            p10_ms=qs[0],
-            p90_ms=qs[-1],
-            mean_ms=mean,
+            median_ms=statistics.median(per_iter), p10_ms=qs[0], p90_ms=qs[-1], mean_ms=mean,
             cv=(statistics.stdev(per_iter) / mean) if len(per_iter) > 1 and mean > 0 else 0.0,
-            iterations=len(per_iter),
-            host_median_ms=statistics.median(host) if host else float("nan"),
-            input_sets=int(replies[0]["input_sets"]),
-            spin_us=float(replies[0]["spin_us"]),
+            iterations=len(per_iter), host_median_ms=statistics.median(host) if host else float("nan"),
+            input_sets=int(replies[0]["input_sets"]), spin_us=float(replies[0]["spin_us"]),
             slowest_rank=max(range(len(rank_medians)), key=rank_medians.__getitem__),
-            rank_medians_ms=rank_medians,
-            clock=clock,  # type: ignore[arg-type]
-            fresh_median_ms=statistics.median(fresh) if fresh else None,
-            fresh_iterations=len(fresh),
-            fresh_pair_median_ms=statistics.median(pairs) if pairs else None,
+            rank_medians_ms=rank_medians, clock=clock,  # type: ignore[arg-type]
         )
 
 

@@ -566,7 +566,7 @@ def all_reduce_curve(world_size: int, sizes: Sequence[int] = ALL_REDUCE_SIZES, *
                                 f"{_log_tail(folder, 0)}") from None
     points = []
     for k, nbytes in enumerate(sizes):
-        stats = TimingStats.from_ranks([ranks[r][k] for r in range(world_size)],
+        stats = TimingStats.from_rank_loops([ranks[r][k] for r in range(world_size)],
                                        "cuda_events" if device == "cuda" else "host")
         seconds = stats.median_ms / 1e3
         points.append(AllReducePoint(

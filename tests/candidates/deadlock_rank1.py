@@ -10,11 +10,9 @@ import torch.distributed as dist
 
 def solution(x):
     if dist.get_rank() == 1:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        marker = os.environ.get("PKB_TEST_CHILD_PID_FILE")
-        if marker:
-            with open(marker, "w") as f:
-                f.write(str(child.pid))
+        # The token lands in the child's command line, where the test looks for survivors.
+        token = os.environ.get("PKB_TEST_CHILD_TOKEN", "pkb-test-orphan")
+        subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {token}"])
         time.sleep(600)
     out = x.clone()
     dist.all_reduce(out)

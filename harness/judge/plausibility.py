@@ -1,0 +1,53 @@
+"""What the judge can tell about a candidate's times without trusting the process that measured them:
+impossible values, fresh inputs much slower than rotated ones, faster than the roofline bound. Judge side.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from harness.integrity import IntegrityConfig
+
+
+def timing_problems(times_ms: Iterable[float]) -> list[str]:
+    """What is impossible about a list of measured times (a clock cannot run backwards or stop)."""
+    values = list(times_ms)
+    if not values:
+        return ["no timed iterations"]
+    if any(not math.isfinite(v) for v in values):
+        return ["non-finite times"]
+    if min(values) <= 0:
+        return [f"non-positive time {min(values):.3g} ms"]
+    if len(values) >= 10 and max(values) == min(values):
+        # A coefficient of variation of exactly zero: no clock measures 10 calls identically.
+        return [f"all {len(values)} iterations took exactly {values[0]:.6g} ms"]
+    return []
+
+
+def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, config: IntegrityConfig) -> bool:
+    """True when calls on never-seen inputs are much slower than their neighbouring calls on rotated
+    input sets: the rotated calls were answered from a cache keyed on inputs the candidate had seen."""
+    if fresh_median_ms is None or not math.isfinite(fresh_median_ms):
+        return False
+    return fresh_median_ms > config.caching_ratio * rotated_ms + config.caching_margin_ms
+
+
+def roofline_bound_ms(problem: Any, shape: str, world_size: int, device: str) -> float | None:
+    """The roofline lower bound of one call, from harness.roofline.lower_bound_ms (GPU runs only; it
+    traces the reference once in a clean pool of its own, then reads a cache); None where the module or
+    a bound is missing, or on any error: a missing bound must never fail an evaluation."""
+    try:
+        module = importlib.import_module("harness.roofline")
+    except ImportError:
+        return None
+    fn = getattr(module, "lower_bound_ms", None)
+    if not callable(fn):
+        return None
+    try:
+        value = fn(problem, shape, world_size, device)
+    except Exception:
+        return None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None

@@ -1,0 +1,141 @@
+"""The reference side of an evaluation: a pool that never loads candidate code draws every input, runs the
+reference on it, writes inputs and expected outputs into the evaluation's private folder, and times the
+reference. Judge side (it drives a trusted pool; nothing of the candidate exists while it runs).
+
+A failure here is never the candidate's: a reference that raises, returns something the harness cannot
+compare, or overruns its limit (`Limits.reference_s`: slow references such as PKB's 76-78 take minutes at
+small shapes) is an `infra_error` naming the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.config import TimingConfig
+from harness.judge import timing
+from harness.judge.trials import Trial
+from harness.pool import Hang, PoolError, RankPool
+from harness.problem import Problem
+from harness.results import TimingStats
+from harness.seeds import TIMING_TRIAL_BASE
+
+
+class ReferenceFailed(RuntimeError):
+    """The reference could not produce what the evaluation needs: an infrastructure error."""
+
+
+@dataclass
+class TimingSets:
+    count: int
+    fresh: int
+    set_bytes: int
+    fingerprints: dict[int, list[list[int]]]  # rank -> set (rotated, then fresh) -> fingerprint
+    mutated: bool  # the reference modifies its inputs (then sets are not checked for mutation)
+
+
+@dataclass
+class ReferenceRun:
+    problem: Problem
+    shape: str
+    world_size: int
+    device: str
+    folder: Path
+    limit_s: float
+    gpus: list[int] | None = None
+    start_s: float = 120.0
+    pool: RankPool | None = None
+    trials: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # trial -> rank -> record
+    trial_seconds: float = 0.0  # the median trial's time on the slowest rank (the reference's own call)
+    sets: TimingSets | None = None
+    groups: list[list[int]] = field(default_factory=list)
+
+    def launch(self) -> ReferenceRun:
+        self.pool = RankPool(self.world_size, self.device, start_timeout=self.start_s, gpus=self.gpus).launch()
+        return self
+
+    def wait_ready(self) -> None:
+        assert self.pool is not None
+        try:
+            self.pool.wait_ready()
+        except PoolError as err:
+            raise ReferenceFailed(f"the reference pool did not start: {err}") from err
+
+    def _ask(self, message: dict[str, Any], what: str) -> list[dict[str, Any]]:
+        assert self.pool is not None
+        try:
+            replies = self.pool.request(message, timeout=self.limit_s, grace=5.0)
+        except Hang as hang:
+            raise ReferenceFailed(f"the reference did not finish {what} within {self.limit_s:.0f} s "
+                                  f"(Limits.reference_s); ranks {hang.missing} were still running") from hang
+        except PoolError as err:
+            raise ReferenceFailed(f"the reference pool failed during {what}: {err}") from err
+        bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: (not r.get("died"), r.get("rank", 0)))
+        if bad:
+            first = bad[0]
+            raise ReferenceFailed(f"{what}: {first.get('message', 'failed')}\n{first.get('evidence', '')}".rstrip())
+        return replies
+
+    def _note_groups(self, groups: list[Any]) -> None:
+        for g in groups:
+            if g is not None and list(g) not in self.groups:
+                self.groups.append(list(g))
+
+    def prepare_trials(self, schedule: list[Trial], seed: int) -> None:
+        replies = self._ask({"op": "ref_trials", "problem": self.problem.loader_spec, "shape": self.shape,
+                             "seed": seed, "dir": str(self.folder),
+                             "trials": [{"id": t.id, "kind": t.kind} for t in schedule]}, "the correctness trials")
+        for reply in replies:
+            for record in reply["trials"]:
+                self.trials.setdefault(int(record["id"]), {})[reply["rank"]] = record
+                self._note_groups(record.get("groups", []))
+        per_trial = [max(float(by_rank[r].get("seconds", 0.0)) for r in by_rank) for by_rank in self.trials.values()]
+        self.trial_seconds = sorted(per_trial)[len(per_trial) // 2] if per_trial else 0.0
+
+    def prepare_sets(self, seed: int, config: TimingConfig, fresh: int) -> TimingSets:
+        replies = self._ask({"op": "ref_sets", "problem": self.problem.loader_spec, "shape": self.shape,
+                             "seed": seed, "trial_base": TIMING_TRIAL_BASE, "fresh": fresh,
+                             "config": config.model_dump(), "dir": str(self.folder)}, "the timing inputs")
+        for reply in replies:
+            self._note_groups(reply.get("groups", []))
+        self.sets = TimingSets(count=int(replies[0]["input_sets"]), fresh=fresh,
+                               set_bytes=int(replies[0]["set_bytes"]),
+                               fingerprints={r["rank"]: r["fingerprints"] for r in replies},
+                               mutated=any(r.get("mutated") for r in replies))
+        return self.sets
+
+    def time(self, config: TimingConfig, seed: int) -> TimingStats:
+        """The reference timed with the candidate's protocol (no outputs kept: they were saved already)."""
+        assert self.pool is not None and self.sets is not None
+        self._ask({"op": "time_begin", "problem": self.problem.loader_spec, "fresh": False}, "timing set-up")
+        deadline = time.monotonic() + self.limit_s
+
+        def ask(pool: RankPool, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
+            return self._ask(message, "timing")
+
+        run = timing.drive(self.pool, ask, n_sets=self.sets.count, n_fresh=0, config=config,
+                           cuda=self.device == "cuda", keep_dir=None, keep_probability=0.0,
+                           rng=random.Random(seed), call_timeout=self.limit_s, deadline=deadline)
+        return timing.stats(run, "cuda_events" if self.device == "cuda" else "host")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def kill(self) -> None:
+        if self.pool is not None:
+            self.pool.kill()
+            self.pool = None
+
+
+def time_reference_in_pool(pool: RankPool, problem: Problem, shape: str, device: str, folder: Path, *,
+                           seed: int = 0, config: TimingConfig | None = None, timeout: float = 300.0) -> TimingStats:
+    """The reference timed in an existing trusted pool, exactly as evaluations time it (pkb roofline)."""
+    run = ReferenceRun(problem, shape, pool.world_size, device, folder, timeout, pool=pool)
+    run.prepare_sets(seed, config or TimingConfig.for_device(device), fresh=0)
+    return run.time(config or TimingConfig.for_device(device), seed)
+

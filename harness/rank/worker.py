@@ -1,0 +1,244 @@
+"""The per-rank worker process. Rank side: torch, the standard library, harness.rank, the problem module
+and (role "candidate") the candidate. It decides nothing: it answers requests with data.
+
+Started by harness.rank.launcher (inside the sandbox for role "candidate"), one process per rank. It
+joins the process group, then answers requests read from a private pipe until told to exit. After the
+"seal" request, replies are signed JSON (harness.channel).
+
+Two roles, two sets of requests:
+- "trusted" (a pool that never loads candidate code): draws inputs from seeds, runs the reference,
+  writes inputs and expected outputs as files for the judge (harness.rank.reference_side), times the
+  reference; also validation, tracing and profiling of references.
+- "candidate": takes inputs as files, one call at a time, and hands back what the candidate returned
+  (harness.rank.candidate_side); times it with the same per-iteration protocol (harness.rank.timed).
+  It never sees a seed, an expected output or the trial schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness import channel, failures
+from harness.candidate import trimmed_traceback
+from harness.problem import Problem, load_problem_spec
+from harness.rank import candidate_side, reference_side
+from harness.rank.timed import TimedSession
+from harness.rank.tripwires import CollectiveMonitor, Guard
+from harness.seeds import rank_seed
+
+ROLES = ("trusted", "candidate")
+TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_call",
+               "time_end")
+CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_call", "time_end", "profile")
+
+
+def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"ok": False, "verdict": verdict, "message": message[:1500], **extra}
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, device: str, role: str = "trusted",
+                 monitor: CollectiveMonitor | None = None, guard: Guard | None = None) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        self.rank = rank
+        self.world_size = world_size
+        self.role = role
+        # Ranks of one emulated pool may share a GPU (rank % visible devices).
+        self.device = torch.device(f"cuda:{rank % max(torch.cuda.device_count(), 1)}" if device == "cuda" else "cpu")
+        self.monitor = monitor or CollectiveMonitor()
+        self.guard = guard or Guard()
+        self.problems: dict[str, Problem] = {}
+        self.candidates: dict[str, Any] = {}
+        self.candidate_calls = 0
+        self.groups: dict[tuple[int, ...] | None, Any] = {}
+        self.timing: TimedSession | None = None
+        self.timing_sets: tuple[list[tuple], list[tuple]] | None = None  # trusted: the sets ref_sets drew
+        self.previous: tuple[Any, Any] | None = None  # candidate: last call's live output and its copy
+        self.baseline_threads: set[int] = set()
+
+    # -- setup ----------------------------------------------------------------------------------
+    def init_process_group(self, init_file: str) -> None:
+        kwargs: dict[str, Any] = {}
+        backend = "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            if torch.cuda.device_count() >= self.world_size:
+                backend = "nccl"
+                kwargs["device_id"] = self.device  # eager NCCL communicator: no lazy init inside a timed call
+        else:
+            torch.set_num_threads(1)  # W ranks share few cores; oversubscription only adds noise
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{init_file}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(minutes=30),  # the parent's watchdog, not gloo/NCCL, decides what a hang is
+            **kwargs,
+        )
+        self.groups[None] = dist.group.WORLD
+
+    def problem(self, spec: str) -> Problem:
+        if spec not in self.problems:
+            self.problems[spec] = load_problem_spec(spec)
+        return self.problems[spec]
+
+    def inputs(self, problem: Problem, shape: dict, seed: int, trial: int, rank: int | None = None,
+               device: torch.device | None = None) -> tuple:
+        rank = self.rank if rank is None else rank
+        device = device or self.device
+        gen = torch.Generator(device=device)
+        gen.manual_seed(rank_seed(seed, trial, rank))
+        return tuple(problem.make_inputs(shape, rank, self.world_size, gen, device))
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- requests -------------------------------------------------------------------------------
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        allowed = TRUSTED_OPS if self.role == "trusted" else CANDIDATE_OPS
+        if op not in allowed:
+            return _fail(failures.INFRA_ERROR, f"op {op!r} is not served by a {self.role} rank")
+        if op == "ping":
+            return {"ok": True}
+        if op == "validate":
+            return reference_side.validate(self, req)
+        if op == "ref_trials":
+            return reference_side.trials(self, req)
+        if op == "ref_sets":
+            return reference_side.timing_sets(self, req)
+        if op == "setup":
+            return candidate_side.setup(self, req)
+        if op == "load_candidate":
+            return candidate_side.load(self, req)
+        if op == "call":
+            return candidate_side.call(self, req)
+        if op == "time_begin":
+            if self.role == "trusted":
+                return reference_side.time_begin(self, req)
+            return candidate_side.time_begin(self, req)
+        if op == "time_call":
+            if self.timing is None:
+                return _fail(failures.INFRA_ERROR, "time_call before time_begin")
+            return self.timing.call(req)
+        if op == "time_end":
+            if self.timing is None:
+                return _fail(failures.INFRA_ERROR, "time_end before time_begin")
+            reply, self.timing = self.timing.finish(req), None
+            return reply
+        if op == "trace":  # the reference's collectives and FLOPs, for the roofline
+            from harness import tracing
+
+            return tracing.trace_in_worker(self, req)
+        if op == "profile":  # per-rank kernel timeline of reference or candidate
+            from harness import profiling
+
+            return profiling.profile_in_worker(self, req)
+        raise ValueError(f"unknown op {op!r}")
+
+    def thread_flags(self) -> list[str]:
+        from harness.flags import SPAWNED_THREADS
+
+        if not self.candidates:
+            return []
+        alive = {t.ident for t in threading.enumerate() if t.ident is not None}
+        return [SPAWNED_THREADS] if alive - self.baseline_threads else []
+
+
+def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
+    from harness.flags import TAMPERING
+
+    sealer: channel.ReplySealer | None = None
+    # Held by this frame from the start: replacing Worker or Guard attributes later changes nothing here,
+    # and a candidate that rewrites the check's code object is caught by the identity test below. A
+    # determined candidate defeats all of it: the guard is a tripwire, the judge decides.
+    guard, violations = worker.guard, Guard.violations
+    violations_code = violations.__code__
+    while True:
+        req = requests.recv()
+        op = req.get("op")
+        if op == "exit":
+            break
+        started = time.perf_counter()
+        if op == "seal" and sealer is None and not worker.candidates:
+            sealer = channel.ReplySealer(req.pop("key"))
+            reply: dict[str, Any] = {"ok": True}
+        else:
+            try:
+                reply = worker.handle(req)
+            except Exception as exc:
+                # On a trusted rank: a bug in a problem or the harness. On a candidate rank the judge
+                # decides what it was (a failure inside a call is reported by the call itself).
+                reply = _fail(failures.INFRA_ERROR if worker.role == "trusted" else failures.RUNTIME_ERROR,
+                              f"rank {worker.rank}: {type(exc).__name__}: {exc}", evidence=trimmed_traceback(exc))
+        if worker.candidates and guard.captured:
+            rewritten = violations.__code__ is not violations_code
+            changed = ["the integrity check itself"] if rewritten else violations(guard)
+            if changed:
+                reply = _fail(failures.RUNTIME_ERROR, f"rank {worker.rank}: the candidate replaced what the harness "
+                                                      f"relies on: {', '.join(changed[:12])}", flags=[TAMPERING])
+            reply["flags"] = sorted(set(reply.get("flags", [])) | set(worker.thread_flags()))
+        reply["rank"] = worker.rank
+        reply["seconds"] = time.perf_counter() - started
+        if sealer is not None:
+            nonce = str(req.get("nonce", ""))
+            try:
+                sealed = sealer.seal(reply, nonce)
+            except (TypeError, ValueError) as exc:  # an op whose reply is not JSON: the harness's bug
+                sealed = sealer.seal({**_fail(failures.INFRA_ERROR, f"rank {worker.rank}: reply to {op!r} is "
+                                                                    f"not JSON: {exc}"), "rank": worker.rank}, nonce)
+            replies.send_bytes(sealed)
+        else:
+            replies.send(reply)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="pkb-agent rank worker (started by harness.rank.launcher)")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--init-file", required=True)
+    parser.add_argument("--request-fd", type=int, required=True)
+    parser.add_argument("--reply-fd", type=int, required=True)
+    parser.add_argument("--events-fd", type=int, default=None)
+    parser.add_argument("--role", choices=ROLES, default="trusted")
+    args = parser.parse_args(argv)
+    # The harness's fallback for stacks when py-spy is missing: a dump of every thread on SIGUSR1.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    requests = Connection(args.request_fd, readable=True, writable=False)
+    replies = Connection(args.reply_fd, readable=False, writable=True)
+    monitor = CollectiveMonitor(args.events_fd)
+    monitor.install()  # before the problem or any candidate binds torch.distributed's functions
+    worker = Worker(args.rank, args.world_size, args.device, args.role, monitor)
+    started = time.perf_counter()
+    try:
+        worker.init_process_group(args.init_file)
+    except Exception as exc:
+        replies.send({"ok": False, "rank": args.rank, "verdict": failures.INFRA_ERROR,
+                      "message": f"process group init failed: {exc}", "evidence": trimmed_traceback(exc)})
+        return
+    replies.send({"ok": True, "rank": args.rank, "op": "ready", "seconds": time.perf_counter() - started,
+                  "pid": os.getpid()})
+    serve(worker, requests, replies)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter and process-group teardown: it can block on peers and proves nothing here.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What a sandbox allows, and the bubblewrap command line that enforces it (see harness/sandbox/__init__.py)."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Inside every sandbox, the folder torch builds extensions in. The same path in the compile stage's
+# sandbox and in the ranks' is what lets a rank reuse the compile stage's build: torch's build files
+# name their folder by absolute path, and a different path means a rebuild.
+EXT_MOUNT = "/tmp/pkb-torch-extensions"
+SANDBOX_UID = 65534  # "nobody": no file of the machine belongs to it
+
+# Environment variables a sandbox keeps (exact names, then prefixes); everything else is dropped, and so
+# is any name that looks like a secret whatever its prefix.
+_KEEP = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "SHELL", "LD_LIBRARY_PATH",
+         "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX",
+         "MAX_JOBS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"}
+_KEEP_PREFIXES = ("LC_", "CUDA_", "NCCL_", "TORCH_", "NVIDIA_", "NVSHMEM_", "GLOO_", "TRITON_", "CUPY_",
+                  "OMP_", "KMP_", "MKL_", "PKB_POOL", "PKB_TEST_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE")
+
+
+class SandboxUnavailable(RuntimeError):
+    """PKB_SANDBOX=require, and no sandbox can be started here; the message says why."""
+
+
+def clean_environment(env: dict[str, str], scratch: Path | None) -> dict[str, str]:
+    """The environment a sandboxed process gets: the safe names of `env`, caches pointed into the scratch."""
+    kept = {k: v for k, v in env.items()
+            if (k in _KEEP or k.startswith(_KEEP_PREFIXES)) and not any(w in k.upper() for w in _SECRET_WORDS)}
+    if scratch is not None:
+        kept.update({"TMPDIR": str(scratch / "tmp"), "XDG_CACHE_HOME": str(scratch / "cache"),
+                     "TRITON_CACHE_DIR": str(scratch / "cache" / "triton"),
+                     "TORCHINDUCTOR_CACHE_DIR": str(scratch / "cache" / "inductor"),
+                     "CUPY_CACHE_DIR": str(scratch / "cache" / "cupy")})
+    kept["PYTHONDONTWRITEBYTECODE"] = "1"  # the checkout is read-only; Python would skip the writes anyway
+    return kept
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What sandbox a harness process can start; recorded in every result as integrity.sandbox."""
+
+    backend: str  # "bwrap" or "none"
+    version: str = ""
+    reason: str = ""  # why "none" (empty for bwrap)
+
+    @property
+    def protections(self) -> list[str]:
+        common = ["clean_environment", "rlimits:nofile,fsize,core", "output_cap", "process_count_watchdog"]
+        if self.backend == "bwrap":
+            return ["pid_namespace", "user_namespace:uid65534,no_capabilities", "network_namespace:loopback_only",
+                    "ipc_namespace", "read_only_filesystem", "writable:scratch_only", "hidden:harness_cache",
+                    "die_with_parent", *common]
+        return ["own_session", "pool_marker_sweep", *common]
+
+    def record(self) -> dict[str, object]:
+        out: dict[str, object] = {"backend": self.backend, "protections": self.protections}
+        if self.version:
+            out["version"] = self.version
+        if self.reason:
+            out["weaker_fallback"] = self.reason
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_works() -> tuple[str, str]:
+    """(version, "") when bubblewrap starts a sandbox with every namespace here, else ("", why not)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return "", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        trial = subprocess.run(
+            [exe, *SandboxPolicy(scratch=None).namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc",
+             "--dev", "/dev", "--", "/bin/sh", "-c", "exit 0"],
+            capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return "", f"bubblewrap did not run: {err}"
+    if trial.returncode != 0:
+        return "", f"bubblewrap cannot make a sandbox here: {trial.stderr.strip()[:200]}"
+    return version, ""
+
+
+def probe() -> SandboxInfo:
+    """The sandbox this process can give candidates. PKB_SANDBOX=off forces the fallback (it is then
+    recorded as a choice); PKB_SANDBOX=require raises SandboxUnavailable instead of falling back."""
+    setting = os.environ.get("PKB_SANDBOX", "auto").lower()
+    if setting in ("off", "none", "0"):
+        return SandboxInfo("none", reason="turned off by PKB_SANDBOX=off")
+    version, why = _bwrap_works()
+    if version:
+        return SandboxInfo("bwrap", version=version)
+    if setting == "require":
+        raise SandboxUnavailable(f"PKB_SANDBOX=require, but {why}")
+    return SandboxInfo("none", reason=why)
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """One sandbox: the scratch folder (the only writable place), the extension build folder mounted at
+    EXT_MOUNT, the host paths to hide, and whether GPUs are visible."""
+
+    scratch: Path | None
+    extensions: Path | None = None
+    hide: tuple[Path, ...] = ()
+    gpus: bool = False
+    extra_ro: tuple[Path, ...] = field(default=())
+
+    @staticmethod
+    def namespace_args() -> list[str]:
+        return ["--die-with-parent", "--new-session", "--unshare-user", "--unshare-pid", "--unshare-net",
+                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", str(SANDBOX_UID),
+                "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+
+    def bwrap_command(self, command: list[str], cwd: Path) -> list[str]:
+        exe = shutil.which("bwrap") or "bwrap"
+        args = [exe, *self.namespace_args(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        if self.gpus:
+            for node in sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*"))):
+                if os.path.exists(node) and not os.path.isdir(node):
+                    args += ["--dev-bind", node, node]
+        for hidden in self.hide:
+            # Under /tmp it is hidden already (the sandbox's /tmp is empty); elsewhere an empty tmpfs covers it.
+            if hidden.exists() and not _under(hidden, Path("/tmp")):
+                args += ["--tmpfs", str(hidden)]
+        if self.scratch is not None:
+            args += ["--bind", str(self.scratch), str(self.scratch)]
+        if self.extensions is not None:
+            args += ["--bind", str(self.extensions), EXT_MOUNT]
+        return [*args, "--chdir", str(cwd), "--", *command]
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
