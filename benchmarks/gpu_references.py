@@ -19,8 +19,7 @@ sys.path.insert(0, str(ROOT))
 from harness.config import TimingConfig  # noqa: E402
 from harness.pool import Hang, RankPool  # noqa: E402
 from harness.registry import load_suite, select  # noqa: E402
-from harness.results import TimingStats  # noqa: E402
-from harness.seeds import TIMING_TRIAL_BASE  # noqa: E402
+from harness.roofline import RooflineError, time_reference  # noqa: E402
 
 
 def main() -> int:
@@ -58,16 +57,12 @@ def main() -> int:
                 progress.flush()
                 continue
             shape = args.shape if args.shape in p.shapes else "default"
-            rep = pool.request({"op": "time", "problem": p.loader_spec, "candidate": None, "shape": shape,
-                                "seed": 0, "trial_base": TIMING_TRIAL_BASE, "config": timing},
-                               timeout=2 * args.timeout)
-            if all(r.get("ok") for r in rep):
-                stats = TimingStats.from_ranks(rep, "cuda_events" if args.device == "cuda" else "host")
+            try:
+                stats = time_reference(pool, p, shape, args.device, seed=0, config=timing, timeout=2 * args.timeout)
                 row.update(median_us=stats.median_ms * 1e3, p10_us=stats.p10_ms * 1e3, p90_us=stats.p90_ms * 1e3,
-                           cv=stats.cv, host_us=stats.host_median_ms * 1e3, input_sets=stats.input_sets,
-                           set_mib=rep[0]["set_bytes"] / 2**20)
-            else:
-                row["message"] = next(r.get("message", "") for r in rep if not r.get("ok"))[:300]
+                           cv=stats.cv, host_us=stats.host_median_ms * 1e3, input_sets=stats.input_sets)
+            except RooflineError as err:
+                row["message"] = str(err)[:300]
                 pool.kill()
                 pool = None
         except Hang as hang:

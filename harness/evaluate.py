@@ -426,7 +426,8 @@ class _Evaluation:
         rotated = candidate.fresh_pair_median_ms if candidate.fresh_pair_median_ms is not None else candidate.median_ms
         if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, self.checks):
             self.flags.append(integrity.INPUT_CACHING)
-            self.evidence["input_caching"] = {"rotated_median_ms": rotated, "fresh_median_ms": candidate.fresh_median_ms}
+            self.evidence["input_caching"] = {"rotated_median_ms": rotated,
+                                              "fresh_median_ms": candidate.fresh_median_ms}
         if self.checks.reconcile:
             inconsistent = timing.reconcile(candidate, reference, self.checks)
             if inconsistent:

@@ -188,7 +188,8 @@ def _pid_namespace_members(host_pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if os.readlink(entry / "ns" / "pid") == target and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z" and os.readlink(entry / "ns" / "pid") == target:
                 found.append(int(entry.name))
         except (OSError, IndexError):
             continue

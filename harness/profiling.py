@@ -26,8 +26,8 @@ the rank workers cannot import pydantic) and, on GPUs, adds Nsight Compute metri
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import statistics
 import tempfile
 import threading

@@ -1,14 +1,23 @@
 """Reference timings, cached per problem source, shape, world size, device, hardware and timing config.
 
-The reference is timed with exactly the candidate's protocol; caching only saves repeating it.
+The reference is timed with exactly the candidate's protocol; caching only saves repeating it. Only the
+trusted side writes the cache (the harness process, after timing the reference in a pool that never
+loaded a candidate), and sandboxes cannot see the cache folder at all. Without a sandbox a candidate
+runs as the harness's user and could write the file, so every entry carries an HMAC-SHA256 tag under a
+key kept beside it (mode 0600): an entry whose tag does not verify for its key is ignored, and the
+reference is timed again. (Without a sandbox the candidate can read that key too; with one, it cannot
+see the folder.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +31,29 @@ def cache_file() -> Path:
     return root / "reference_timings.json"
 
 
+def _key() -> bytes:
+    path = cache_file().with_name("reference_timings.key")
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".key-")
+    with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
+        f.write(secrets.token_hex(32))
+    try:
+        os.link(tmp, path)  # first writer wins; a concurrent one reads the winner's key
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return bytes.fromhex(path.read_text().strip())
+
+
+def _tag(key: str, stats: dict) -> str:
+    body = json.dumps({"key": key, "stats": stats}, sort_keys=True).encode()
+    return hmac.new(_key(), body, hashlib.sha256).hexdigest()
+
+
 def _read(path: Path) -> dict[str, dict]:
     try:
         return json.loads(path.read_text())
@@ -30,11 +62,14 @@ def _read(path: Path) -> dict[str, dict]:
 
 
 def lookup(key: str) -> TimingStats | None:
+    """The cached stats, or None when absent, malformed or not signed by this cache's key."""
     entry = _read(cache_file()).get(key)
-    if entry is None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("stats"), dict):
+        return None
+    if not hmac.compare_digest(str(entry.get("tag", "")), _tag(key, entry["stats"])):
         return None
     try:
-        stats = TimingStats.model_validate(entry)
+        stats = TimingStats.model_validate(entry["stats"])
     except ValueError:
         return None
     return stats.model_copy(update={"cached": True})
@@ -58,7 +93,8 @@ def store(key: str, stats: TimingStats) -> None:
     path = cache_file()
     with _locked(path):
         data = _read(path)
-        data[key] = stats.model_dump()
+        dumped = stats.model_dump()
+        data[key] = {"stats": dumped, "tag": _tag(key, dumped)}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ref-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)

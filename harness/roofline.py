@@ -304,14 +304,20 @@ def trace_reference(problem: Problem, shape: str, world_size: int, device: str, 
 
 def time_reference(pool: RankPool, problem: Problem, shape: str, device: str, *, seed: int = 0,
                    config: Mapping[str, Any] | None = None, timeout: float = 300.0) -> TimingStats:
-    """The reference timed with the harness protocol in an existing pool (as `pkb eval` times it)."""
-    from harness.config import TimingConfig
+    """The reference timed with the harness protocol in an existing (trusted) pool, exactly as an
+    evaluation times it (harness.judge.reference)."""
+    import tempfile
 
-    timing = dict(config) if config is not None else TimingConfig.for_device(device).model_dump()
-    replies = _ask(pool, {"op": "time", "problem": problem.loader_spec, "candidate": None, "shape": shape,
-                          "seed": seed, "trial_base": TIMING_TRIAL_BASE, "config": timing},
-                   "timing the reference", timeout)
-    return TimingStats.from_ranks(replies, "cuda_events" if device == "cuda" else "host")
+    from harness.config import TimingConfig
+    from harness.judge.reference import ReferenceFailed, time_reference_in_pool
+
+    timing = TimingConfig(**config) if config is not None else TimingConfig.for_device(device)
+    with tempfile.TemporaryDirectory(prefix="pkb-roofline-") as folder:
+        try:
+            return time_reference_in_pool(pool, problem, shape, device, Path(folder), seed=seed, config=timing,
+                                          timeout=timeout)
+        except ReferenceFailed as err:
+            raise RooflineError(f"timing the reference: {err}") from err
 
 
 def _stats(result: EvalResult | TimingStats | None, side: str) -> TimingStats | None:

@@ -1,7 +1,9 @@
-"""The reference-timing cache: entries round-trip, and concurrent writers lose nothing."""
+"""The reference-timing cache: entries round-trip, concurrent writers lose nothing, and an entry changed
+by anyone without the cache's key is ignored."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,3 +51,19 @@ def test_concurrent_writers_lose_no_entry(tmp_path, monkeypatch):
         for i in range(10):
             got = reference_cache.lookup(f"writer{who}-entry{i}")
             assert got is not None and abs(got.median_ms - (who + i / 100)) < 1e-12
+
+
+def test_an_entry_changed_without_the_key_is_ignored(tmp_path, monkeypatch):
+    """A candidate that could write the file (no sandbox) and inflate the reference's time gets nothing:
+    the tag no longer verifies, the entry reads as absent and the reference is timed again."""
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
+    reference_cache.store("k", stats(1.5))
+    path = reference_cache.cache_file()
+    data = json.loads(path.read_text())
+    data["k"]["stats"]["median_ms"] = 150.0  # 100x slower reference, 100x the speedup
+    path.write_text(json.dumps(data))
+    assert reference_cache.lookup("k") is None
+    data["k"] = {"stats": data["k"]["stats"], "tag": "0" * 64}  # a made-up tag fares no better
+    path.write_text(json.dumps(data))
+    assert reference_cache.lookup("k") is None
+    assert oct(path.with_name("reference_timings.key").stat().st_mode & 0o777) == "0o600"

@@ -11,7 +11,8 @@ The reference is timed in its own clean pool, the candidate in its sandbox, with
 What a rank reports (event times, enqueue times) is a claim. `reconcile` holds the claims against the
 harness's clock: a device time longer than the span the harness saw around it is impossible, and
 per-iteration time the claims leave unexplained (its 20th percentile: load only ever adds time) far
-beyond what the reference's identical protocol leaves unexplained means the claimed times are smaller than the calls were (`timing_inconsistent`).
+beyond what the reference's identical protocol leaves unexplained means the claimed times are smaller
+than the calls were (`timing_inconsistent`).
 This catches a forged clock or a rewritten result, not a small shave: a margin (2 ms on CPU, 0.1 ms on
 GPU, or the claimed median itself) absorbs the noise of the protocol, and tests/exploits/README.md says
 what hides inside it.
@@ -185,8 +186,8 @@ def reconcile(candidate: TimingStats, reference: TimingStats, checks: IntegrityC
     """Why the candidate's claimed times cannot be squared with the harness's clock (empty: they can)."""
     problems = []
     if candidate.span_median_ms is not None and candidate.median_ms > candidate.span_median_ms + 0.05:
-        problems.append(f"the claimed median {candidate.median_ms:.4g} ms is longer than the {candidate.span_median_ms:.4g}"
-                        f" ms the harness observed around each call")
+        problems.append(f"the claimed median {candidate.median_ms:.4g} ms is longer than the "
+                        f"{candidate.span_median_ms:.4g} ms the harness observed around each call")
     if candidate.unexplained_low_ms is not None and reference.unexplained_low_ms is not None:
         excess = candidate.unexplained_low_ms - reference.unexplained_low_ms
         allowed = max(checks.unexplained_margin_ms, checks.unexplained_ratio * candidate.median_ms)

@@ -136,9 +136,9 @@ class Judge:
         if reply.get("changed_after_return"):
             later = self._read(paths["output"] + ".later")
             right_later = compare_outputs(expected, later, self.atol, self.rtol)["ok"]
+            later_note = "; only the later value is right" if right_later else ""
             self._fail(result, _failure(failures.OUTPUT_MISMATCH, f"{where}: the output changed after the call "
-                                        f"returned (work left running{'; only the later value is right' if right_later else ''})",
-                                        rank=rank), lazy_flag)
+                                        f"returned (work left running{later_note})", rank=rank), lazy_flag)
         elif not self._inputs_ok(result, rank, reply, paths, ref, where):
             pass
         else:

@@ -104,7 +104,8 @@ def call(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     watched = worker.monitor.watch(fn, lambda: counted)
     delay(float(req.get("delay_s", 0.0)), worker.device)
     try:
-        live, at_return, later = call_with_snapshots(watched, inputs, worker.device, float(req.get("lazy_delay_s", 0.0)),
+        live, at_return, later = call_with_snapshots(watched, inputs, worker.device,
+                                                     float(req.get("lazy_delay_s", 0.0)),
                                                      int(req.get("busy_bytes", 1 << 20)), _plain)
     except Exception as exc:  # its peers may now wait in a collective: the parent's grace ends them
         return {**_fail(failures.RUNTIME_ERROR, f"rank {worker.rank} raised {type(exc).__name__}: {exc}",

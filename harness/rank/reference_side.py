@@ -144,7 +144,8 @@ def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         fresh = [worker.inputs(problem, shape, seed, base + integrity.FRESH_TRIAL_OFFSET + j)
                  for j in range(int(req.get("fresh", 0)))]
         prints, mutated, groups = [], False, []
-        for stem, inputs in [*((f"set{i}", s) for i, s in enumerate(sets)), *((f"fresh{j}", s) for j, s in enumerate(fresh))]:
+        named = [*((f"set{i}", s) for i, s in enumerate(sets)), *((f"fresh{j}", s) for j, s in enumerate(fresh))]
+        for stem, inputs in named:
             info = _run_reference(worker, problem, inputs, folder, stem)
             del info["out"]
             prints.append(info["fingerprint"])
