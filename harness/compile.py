@@ -129,7 +129,8 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
         build.mkdir()
         if sandbox.backend == "bwrap":
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": EXT_MOUNT}), scratch)
-            policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda")
+            policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda",
+                                   visible=visible_for(path, problem))
             command = policy.bwrap_command(command, REPO_ROOT)
         else:
             env = worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)})
@@ -149,6 +150,15 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
                                   trim_compiler_output(text), native=True, builds=builds)
         _store(build, entry, builds)
     return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry, builds=builds)
+
+
+def visible_for(candidate: Path, problem: str | None) -> tuple[Path, ...]:
+    """What a sandbox importing `candidate` must see although its /tmp is its own: the candidate's
+    folder (it may load files beside it) and, for a PKB problem, the checkout (its `utils`)."""
+    folders = [candidate.resolve().parent]
+    if problem and problem.startswith("pkb:"):
+        folders.append(Path(problem[4:].split("::", 1)[0]))
+    return tuple(folders)
 
 
 def _store(build: Path, entry: Path, builds: list[dict[str, Any]]) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import failures, integrity, pkb_compat, reference_cache
-from harness.compile import compile_candidate, keep_lazy_builds, private_copy
+from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
 from harness.fingerprint import environment, hardware_key
 from harness.flags import fast_eligible
@@ -219,7 +219,8 @@ class _Evaluation:
                                       limits.reference_s, gpus=self.gpus, start_s=limits.start_s).launch()
         self.ext_copy = private_copy(self.ext_entry, self.folder / "extensions")
         self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
-                             gpus=self.gpus, role="candidate", extensions=self.ext_copy)
+                             gpus=self.gpus, role="candidate", extensions=self.ext_copy,
+                             visible=visible_for(self.path, self.problem.loader_spec))
         self.pool.launch()
         self.evidence["sandbox"] = self.pool.sandbox.record()
 

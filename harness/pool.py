@@ -178,9 +178,12 @@ def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
 
 
 def _pid_namespace_members(host_pid: int) -> list[int]:
-    """Host pids of the live processes in the PID namespace of `host_pid`."""
+    """Host pids of the live processes in the PID namespace of `host_pid`; empty when that namespace is
+    this process's own (never the whole machine's processes, whatever pid it is given)."""
     try:
         target = os.readlink(f"/proc/{host_pid}/ns/pid")
+        if target == os.readlink("/proc/self/ns/pid"):
+            return []
     except OSError:
         return []
     found = []
@@ -207,6 +210,18 @@ def _inner_pids(host_pid: int) -> list[int]:
     return []
 
 
+def _sandbox_init(bwrap_pid: int) -> int | None:
+    """The host pid of the init of a sandbox's PID namespace (bwrap's child), or None when it is gone or
+    is not in a namespace of its own."""
+    for child in _children(bwrap_pid):
+        try:
+            if os.readlink(f"/proc/{child}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+                return child
+        except OSError:
+            continue
+    return None
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -223,14 +238,15 @@ class RankPool:
                  gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None,
                  role: str = "trusted", extensions: Path | None = None, output_cap: int = OUTPUT_CAP,
                  fsize_limit: int = 16 << 30, nofile_limit: int = 16384, emulate: int = 1,
-                 sandbox: bool = True) -> None:
+                 sandbox: bool = True, visible: tuple[Path, ...] = ()) -> None:
         """`gpus`: physical GPU indices, one per rank (default: 0..W-1), exported as CUDA_VISIBLE_DEVICES
         so rank r sees its GPU as cuda:r and two pools on disjoint GPU sets never collide.
         `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank.
         `role`: "candidate" for pools that load candidate code (sandboxed), "trusted" for the rest.
         `extensions`: the folder mounted as the sandbox's torch extension folder (candidate pools).
         `sandbox=False` runs a candidate pool without its sandbox (Nsight Compute needs the GPU's
-        performance counters, which a user namespace cannot reach); the record says so."""
+        performance counters, which a user namespace cannot reach); the record says so.
+        `visible`: folders a sandbox must see (read-only) even under /tmp: the candidate's, a checkout."""
         if role not in ("trusted", "candidate"):
             raise ValueError(f"unknown pool role {role!r}")
         self.world_size = world_size
@@ -244,6 +260,7 @@ class RankPool:
         self.rank_prefix = rank_prefix or {}
         self.role = role
         self.extensions = extensions
+        self.visible = visible
         self.output_cap = output_cap
         self.limits = {"nofile": nofile_limit, "fsize": fsize_limit}
         if role != "candidate":
@@ -323,8 +340,8 @@ class RankPool:
 
                 if self.extensions is not None:
                     env["TORCH_EXTENSIONS_DIR"] = EXT_MOUNT
-                policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions,
-                                       hide=(cache_root(),), gpus=self.device == "cuda")
+                policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions, hide=(cache_root(),),
+                                       gpus=self.device == "cuda", visible=self.visible)
                 command = policy.bwrap_command(command, REPO_ROOT)
             elif self.extensions is not None:
                 env["TORCH_EXTENSIONS_DIR"] = str(self.extensions)
@@ -431,7 +448,8 @@ class RankPool:
         process carrying the pool's marker (what called setsid)."""
         proc = self.proc
         if proc is not None:
-            members = _pid_namespace_members(next(iter(_children(proc.pid)), proc.pid)) if self.sandboxed else []
+            init = _sandbox_init(proc.pid) if self.sandboxed else None
+            members = _pid_namespace_members(init) if init is not None else []
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -616,7 +634,7 @@ class RankPool:
         if not self.sandboxed or self.proc is None or now < self._process_check_at:
             return
         self._process_check_at = now + 1.0
-        inside = next(iter(_children(self.proc.pid)), None)
+        inside = _sandbox_init(self.proc.pid)
         if inside is None:
             return
         count = len(_pid_namespace_members(inside))
@@ -629,7 +647,7 @@ class RankPool:
         its ranks), read from outside; None where the pool has no network namespace of its own."""
         if not self.sandboxed or self.proc is None:
             return None
-        inside = next(iter(_children(self.proc.pid)), None)
+        inside = _sandbox_init(self.proc.pid)
         if inside is None:
             return None
         try:

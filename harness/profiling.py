@@ -440,7 +440,7 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     """Profile `candidate` (None: the reference) on `world_size` ranks; on GPUs optionally add Nsight
     Compute metrics of one rank (harness.ncu). Raises ProfileError when the candidate cannot run."""
     from harness.candidate import required_positional
-    from harness.compile import compile_candidate, private_copy
+    from harness.compile import compile_candidate, private_copy, visible_for
     from harness.pool import PoolError, RankPool
 
     started = time.perf_counter()
@@ -458,7 +458,8 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     # its code is as hostile as ever).
     folder = Path(tempfile.mkdtemp(prefix="pkb-profile-"))
     pool = RankPool(world_size, device, role="candidate" if candidate is not None else "trusted",
-                    extensions=private_copy(entry, folder / "extensions") if candidate is not None else None)
+                    extensions=private_copy(entry, folder / "extensions") if candidate is not None else None,
+                    visible=visible_for(candidate, problem.loader_spec) if candidate is not None else ())
     try:
         pool.start()
         if candidate is not None:

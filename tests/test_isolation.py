@@ -1,6 +1,7 @@
-"""Isolation: the verdict channel a candidate cannot forge (every pool is sealed), the guard, clean
-recovery after crashes, hangs and builds that never end, nothing left behind (grandchildren in process
-groups or sessions of their own included), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
+"""Isolation: the sandbox (what a candidate's rank can see, write and signal), the reply channel a
+candidate cannot forge, the rank's tripwire, clean recovery after crashes, hangs and builds that never
+end, nothing left behind (grandchildren in process groups or sessions of their own, with or without the
+sandbox), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
 
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
-import harness.compare
+import harness.rank.calls
 from harness import integrity
 from harness.channel import ReplySealer, open_sealed
 from harness.compile import compile_candidate, extensions_dir
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.integrity import Guard, IntegrityConfig
 from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
+from harness.rank.tripwires import Guard
+from harness.sandbox import probe
 from harness.problem import load_problem
 from harness.registry import get, load_suite
 from harness.validate import validate_problems
@@ -110,46 +112,106 @@ def test_a_dead_rank_is_named_as_the_root_failure(all_reduce):
 
 
 # How a grandchild leaves its rank: a process group of its own (ninja does that for every compiler; a
-# group kill misses it, the session sweep does not), or a session of its own (setsid; the session sweep
-# misses it, the pool's marker in its inherited environment does not). The check: it really left.
+# group kill misses it, the session sweep does not), a session of its own (setsid; the session sweep
+# misses it, the pool's marker in its inherited environment does not), or a session of its own with an
+# empty environment (only the sandbox's PID namespace ends it).
 ESCAPES = {
-    "process_group": ("process_group=0", os.getpgid),
-    "session": ("start_new_session=True", os.getsid),
+    "process_group": "process_group=0",
+    "session": "start_new_session=True",
+    "session_without_environment": "start_new_session=True, env={}",
 }
+needs_sandbox = pytest.mark.skipif(probe().backend != "bwrap", reason=f"no sandbox here: {probe().reason}")
 
 
-@pytest.mark.parametrize("escape", sorted(ESCAPES))
-def test_killing_a_pool_ends_what_its_candidate_started_outside_its_ranks(all_reduce, tmp_path, escape):
-    popen_argument, leader_of = ESCAPES[escape]
-    pids = tmp_path / "pids.txt"
-    candidate = tmp_path / "spawns_a_sleeper.py"
+def _spawning_candidate(folder: Path, token: str, popen_argument: str) -> Path:
+    candidate = folder / "spawns_a_sleeper.py"
     candidate.write_text(textwrap.dedent(f"""
         import subprocess
+        import sys
         import torch.distributed as dist
 
-        _sleeper = subprocess.Popen(["sleep", "600"], {popen_argument})
-        with open({str(pids)!r}, "a") as f:
-            f.write(f"{{_sleeper.pid}}\\n")
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # {token}"], {popen_argument})
 
         def solution(x):
             out = x.clone()
             dist.all_reduce(out)
             return out
     """))
-    pool = RankPool(2, "cpu").start()
+    return candidate
+
+
+def _load(pool: RankPool, problem, candidate: Path) -> None:
+    assert all(r["ok"] for r in pool.request({"op": "setup", "problem": problem.loader_spec}, timeout=60))
+    replies = pool.request({"op": "load_candidate", "candidate": str(candidate), "params": 1}, timeout=60)
+    assert all(r["ok"] for r in replies), replies
+
+
+@pytest.mark.parametrize("sandboxed", [pytest.param(True, marks=needs_sandbox), False])
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_killing_a_pool_ends_what_its_candidate_started_outside_its_ranks(all_reduce, tmp_path, escape, sandboxed,
+                                                                         monkeypatch):
+    if not sandboxed:
+        if escape == "session_without_environment":
+            pytest.skip("without a sandbox, a process with a new session and no environment escapes "
+                        "(tests/exploits/README.md): that is what the sandbox is for")
+        monkeypatch.setenv("PKB_SANDBOX", "off")
+    token = f"pkb-test-sleeper-{os.getpid()}-{escape}"
+    candidate = _spawning_candidate(tmp_path, token, ESCAPES[escape])
+    pool = RankPool(2, "cpu", role="candidate", visible=(tmp_path,)).start()
     try:
-        replies = pool.request({"op": "load_candidate", "problem": all_reduce.loader_spec,
-                                "candidate": str(candidate), "shape": "small"}, timeout=60)
-        assert all(r["ok"] for r in replies), replies
-        sleepers = [int(line) for line in pids.read_text().split()]
-        assert len(sleepers) == 2 and all(pid_alive(pid) for pid in sleepers)
-        assert all(leader_of(pid) == pid for pid in sleepers)  # out of the ranks' groups or sessions
+        assert pool.sandboxed == sandboxed
+        _load(pool, all_reduce, candidate)
+        assert len(processes_mentioning(token, wait_s=0)) == 2  # one per rank, alive
     finally:
         pool.kill()
-    deadline = time.monotonic() + 10
-    while any(pid_alive(pid) for pid in sleepers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in sleepers if pid_alive(pid)]
+    assert processes_mentioning(token, wait_s=10) == []
+
+
+@needs_sandbox
+def test_a_sandboxed_rank_sees_only_its_sandbox(all_reduce, tmp_path):
+    """What a candidate's rank can reach: no harness process, no writable file outside its scratch, no
+    secret from the harness's environment, no network but its own loopback, no capability."""
+    report = tmp_path / "report.txt"
+    candidate = tmp_path / "looks_around.py"
+    candidate.write_text(textwrap.dedent("""
+        import json, os, socket, sys
+        from pathlib import Path
+
+        scratch = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent
+        seen = {"pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                "env": sorted(k for k in os.environ if "KEY" in k or "TOKEN" in k),
+                "uid": os.getuid(), "interfaces": [n for _, n in socket.if_nameindex()],
+                "caps": [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1]}
+        writable = []
+        for target in (Path(__file__).parent / "planted.txt", Path(os.__file__).parent / "planted.txt",
+                       Path.home() / "planted.txt", scratch / "planted.txt"):
+            try:
+                target.write_text("x")
+                writable.append(str(target))
+            except OSError:
+                pass
+        seen["writable"] = writable
+        (scratch / "seen.json").write_text(json.dumps(seen))
+
+        def solution(x):
+            return x.clone()
+    """))
+    os.environ["PKB_TEST_SECRET_API_KEY"] = "sk-not-for-candidates"
+    try:
+        pool = RankPool(2, "cpu", role="candidate", visible=(tmp_path,)).start()
+        try:
+            _load(pool, all_reduce, candidate)
+            seen = __import__("json").loads((pool.scratch / "seen.json").read_text())
+        finally:
+            pool.kill()
+    finally:
+        del os.environ["PKB_TEST_SECRET_API_KEY"]
+    assert os.getpid() not in seen["pids"] and max(seen["pids"]) < 100  # its own PID namespace only
+    assert seen["env"] == []  # the harness's secrets stay outside
+    assert seen["uid"] != 0 and int(seen["caps"], 16) == 0
+    assert seen["interfaces"] == ["lo"]
+    assert [Path(p).name for p in seen["writable"]] == ["planted.txt"] and "scratch" in seen["writable"][0]
+    assert not (tmp_path / "planted.txt").exists() and not report.exists()
 
 
 def _native_candidate(folder: Path, name: str, source: str) -> Path:
@@ -211,12 +273,12 @@ def test_guard_sees_replaced_functions_code_and_trace_hooks(monkeypatch):
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     assert "time.perf_counter" in guard.violations()
     monkeypatch.undo()
-    original = harness.compare.same_values.__code__
+    original = harness.rank.calls.same_bytes.__code__
     try:
-        harness.compare.same_values.__code__ = (lambda a, b: True).__code__
-        assert "harness.compare.same_values (code)" in guard.violations()
+        harness.rank.calls.same_bytes.__code__ = (lambda a, b: True).__code__
+        assert "harness.rank.calls.same_bytes (code)" in guard.violations()
     finally:
-        harness.compare.same_values.__code__ = original
+        harness.rank.calls.same_bytes.__code__ = original
     previous = sys.gettrace()
     sys.settrace(lambda *args: None)
     try:
@@ -230,42 +292,55 @@ def test_after_a_hang_and_a_crash_the_next_evaluation_works(all_reduce, tmp_path
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(check_s=3, grace_s=1))
     hang = evaluate(all_reduce, EXPLOITS / "hang_forever.py", world_size=2, config=config)
-    assert hang.verdict == "deadlock"
+    assert hang.verdict == "timeout"
     crash = evaluate(all_reduce, EXPLOITS / "segfault_rank1.py", world_size=2, config=config)
     assert crash.verdict == "runtime_error" and crash.failure.rank == 1
     good = evaluate(all_reduce, EXPLOITS / "nccl_all_reduce.py", world_size=2,
                     config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")))
     assert good.verdict == "correct" and good.timings is not None
     assert live_children() == []
-    assert list(tmp_path.iterdir()) == []  # rendezvous files, logs and audit files all removed
+    assert list(tmp_path.iterdir()) == []  # pools' folders, the evaluations' private folders: all removed
 
 
-def test_audit_answers_are_gone_before_the_candidate_is_imported(all_reduce, tmp_path, monkeypatch):
-    """The reference's audit outputs pass through the pool's folder; a candidate that looks there at
-    import time (or later) finds nothing to copy."""
-    seen = tmp_path / "seen.txt"
+def test_a_candidate_finds_no_answer_and_no_other_input_anywhere_it_can_look(all_reduce, tmp_path):
+    """Inputs reach a candidate's ranks one call at a time; expected outputs, other calls' inputs and the
+    seed never do. (The ranks of one evaluation share a scratch folder, as they share device memory through
+    symmetric memory: a rank may read its peers' inputs of the current call, data it could fetch over
+    NVLink anyway.) The candidate lists its scratch folder at import and in every call; the kept rank logs
+    carry the listings out."""
     candidate = tmp_path / "looks_for_answers.py"
-    candidate.write_text(textwrap.dedent(f"""
-        import sys
+    candidate.write_text(textwrap.dedent("""
+        import os, sys
         from pathlib import Path
         import torch.distributed as dist
 
-        folder = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent
-        with open({str(seen)!r}, "a") as f:
-            f.write(" ".join(sorted(p.name for p in folder.iterdir())) + "\\n")
+        scratch = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent
+
+        def listing(when):
+            files = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*") if p.is_file())
+            print(f"LISTING {when}: {' '.join(files)}", file=sys.stderr, flush=True)
+
+        listing("import")
 
         def solution(x):
+            listing("call")
             out = x.clone()
             dist.all_reduce(out)
             return out
     """))
-    result = evaluate(all_reduce, candidate, world_size=2,
-                      config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
-                      integrity_config=IntegrityConfig(audit=True))
-    assert result.verdict == "correct"
-    listings = seen.read_text().split()
-    assert listings and not [name for name in listings if name.startswith("audit-")]
-    assert "audit" in result.stages
+    logs = tmp_path / "logs"
+    result = evaluate(all_reduce, candidate, world_size=2, log_dir=logs,
+                      config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True))
+    assert result.verdict == "correct", result.failure
+    for rank in (0, 1):
+        lines = [line for line in (logs / f"rank{rank}.log").read_text().splitlines() if line.startswith("LISTING")]
+        assert lines[0].startswith("LISTING import") and ".pt" not in lines[0] and ".bin" not in lines[0]
+        calls = [line for line in lines if line.startswith("LISTING call")]
+        assert len(calls) == len(result.integrity["order"])
+        for line in calls:
+            inputs = [f for f in line.split()[2:] if f.endswith("-in.pt")]
+            assert len(inputs) == 2 and len({f.split("-r")[0] for f in inputs}) == 1  # this call's, no other
+            assert not [f for f in line.split()[2:] if f.startswith(("exp-", "reference")) or "exp-" in f]
 
 
 def _problem_file(folder: Path, name: str, body: str) -> Path:
@@ -320,7 +395,7 @@ KILLED_HARNESS = """
 import os, signal, sys
 from harness.pool import RankPool
 pool = RankPool(2, "cpu").start()
-print(" ".join(str(r.proc.pid) for r in pool.ranks), flush=True)
+print(" ".join(str(pid) for pid in pool.pids()), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # what `kill -9` of a pkb run does: no cleanup runs
 """
 
@@ -394,3 +469,18 @@ def test_a_reaped_folder_ends_what_its_ranks_left_and_only_that(tmp_path):
         for proc in (left_behind, bystander):
             proc.kill()
             proc.wait()
+
+
+def test_namespace_sweeps_never_reach_the_harness_namespace():
+    """A pool sweeps the processes of its sandbox's PID namespace; asked about a process that lives in the
+    harness's own namespace (bwrap after its sandbox died), it must answer with nothing, not with every
+    process of the machine."""
+    from harness.pool import _pid_namespace_members, _sandbox_init
+
+    assert _pid_namespace_members(os.getpid()) == []
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _sandbox_init(os.getpid()) is None  # its child lives in this namespace
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -105,13 +105,14 @@ def probe() -> SandboxInfo:
 @dataclass(frozen=True)
 class SandboxPolicy:
     """One sandbox: the scratch folder (the only writable place), the extension build folder mounted at
-    EXT_MOUNT, the host paths to hide, and whether GPUs are visible."""
+    EXT_MOUNT, the host paths to hide, whether GPUs are visible, and folders under /tmp that must stay
+    visible (read-only) although the sandbox's /tmp is its own: the candidate's folder, a checkout."""
 
     scratch: Path | None
     extensions: Path | None = None
     hide: tuple[Path, ...] = ()
     gpus: bool = False
-    extra_ro: tuple[Path, ...] = field(default=())
+    visible: tuple[Path, ...] = field(default=())
 
     @staticmethod
     def namespace_args() -> list[str]:
@@ -131,6 +132,9 @@ class SandboxPolicy:
             # Under /tmp it is hidden already (the sandbox's /tmp is empty); elsewhere an empty tmpfs covers it.
             if hidden.exists() and not _under(hidden, Path("/tmp")):
                 args += ["--tmpfs", str(hidden)]
+        for folder in self.visible:
+            if folder.is_dir() and _under(folder, Path("/tmp")):
+                args += ["--ro-bind", str(folder), str(folder)]
         if self.scratch is not None:
             args += ["--bind", str(self.scratch), str(self.scratch)]
         if self.extensions is not None:
