@@ -28,10 +28,10 @@ from harness.compile import compile_candidate, extensions_dir
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
 from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
-from harness.rank.tripwires import Guard
-from harness.sandbox import probe
 from harness.problem import load_problem
+from harness.rank.tripwires import Guard
 from harness.registry import get, load_suite
+from harness.sandbox import probe
 from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
 
