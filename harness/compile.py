@@ -207,11 +207,15 @@ def stop_build(proc: subprocess.Popen, folder: Path, since: float) -> dict[str, 
     own session; ninja starts each compiler in a process group of its own, so every process of the
     session dies, and torch's build locks created since the build started go (a later build of an
     extension with that name would otherwise wait on them until it, too, ran out of time)."""
+    from harness.pool import _pid_namespace_members, _sandbox_init
+
+    init = _sandbox_init(proc.pid)
+    sandboxed = len(_pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    killed = channel.kill_session(proc.pid)
+    killed = sandboxed + channel.kill_session(proc.pid)
     try:
         proc.communicate(timeout=30)  # reaps it; the output pipe closes once every writer is dead
     except subprocess.TimeoutExpired:  # a writer left the session (setsid): stop waiting for the pipe

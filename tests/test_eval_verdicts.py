@@ -137,3 +137,20 @@ def test_cli_eval_json_and_exit_codes(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["verdict"] == "shape_mismatch"
     assert json.loads(Path(out).read_text())["verdict"] == "shape_mismatch"
+
+
+def test_one_rank_asleep_with_its_peers_in_a_barrier_is_deadlock_with_stacks(all_reduce):
+    r = run(all_reduce, "sleeps_on_one_rank.py", check_s=5, grace_s=1)
+    assert r.verdict == "deadlock", r.failure
+    assert "rank(s) 1 were waiting on another rank" in r.failure.message
+    stacks = r.integrity["stacks"]
+    assert "sleep" in stacks["0"] or "solution" in stacks["0"]
+    assert "barrier" in stacks["1"]
+    assert "[rank 0]" in r.failure.evidence and "[rank 1]" in r.failure.evidence  # what the agent's tools show
+
+
+def test_every_rank_busy_for_long_is_timeout_not_deadlock(all_reduce):
+    r = run(all_reduce, "computes_for_long.py", check_s=5, grace_s=1)
+    assert r.verdict == "timeout", r.failure
+    assert "all busy in their own code" in r.failure.message
+    assert all("_grind" in r.integrity["stacks"][str(rank)] for rank in (0, 1))

@@ -65,20 +65,28 @@ CONFIG = EvalConfig(trials=3, timing=TimingConfig.for_device("cpu"), limits=Limi
 EXPECTED_VERDICTS = {"correct", "compile_error", "api_error", "runtime_error", "shape_mismatch",
                      "output_mismatch", "deadlock"}
 
+# The process that runs the evaluation (the Ray worker): the parent of the pool's launcher, which is every
+# rank's parent.
+HARNESS_PID = '''
+def harness_pid():
+    with open(f"/proc/{{os.getppid()}}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+'''
 # Stalls in its first call until the test creates RELEASE, after noting its pid, the pid of the process that
-# runs the evaluation (the Ray worker, parent of every rank), the folder it was written to and its rank
-# group's rendezvous folder; correct once released.
+# runs the evaluation, the folder it was written to and its rank group's rendezvous folder; correct once
+# released.
 STALL = '''
 import os, sys, time
 import torch.distributed as dist
 
 MARKER = {marker!r}
+''' + HARNESS_PID + '''
 
 def solution(x):
     if not os.path.exists(os.path.join(MARKER, "release")):
         pool = os.path.dirname(sys.argv[sys.argv.index("--init-file") + 1])
         with open(os.path.join(MARKER, f"rank{{dist.get_rank()}}.pid"), "w") as f:
-            f.write(f"{{os.getpid()}} {{os.getppid()}} {{pool}} {{os.path.dirname(os.path.abspath(__file__))}}")
+            f.write(f"{{os.getpid()}} {{harness_pid()}} {{pool}} {{os.path.dirname(os.path.abspath(__file__))}}")
         time.sleep(120)
     out = x.clone()
     dist.all_reduce(out)
@@ -91,6 +99,7 @@ import os, signal
 import torch.distributed as dist
 
 MARKER = {marker!r}
+''' + HARNESS_PID + '''
 _noted = False
 
 def solution(x):
@@ -101,8 +110,8 @@ def solution(x):
             f.write(str(os.getpid()))
         if dist.get_rank() == 0:
             with open(os.path.join(MARKER, "attempts"), "a") as f:
-                f.write(f"{{os.getppid()}}\\n")
-        os.kill(os.getppid(), signal.SIGKILL)
+                f.write(f"{{harness_pid()}}\\n")
+        os.kill(harness_pid(), signal.SIGKILL)
     return x.clone()
 '''
 
@@ -117,8 +126,9 @@ def deterministic(result: EvalResult) -> dict[str, Any]:
         "world_size": result.world_size, "device": result.device, "candidate": result.candidate.model_dump(),
         "verdict": result.verdict, "correct": result.correct, "flags": result.flags, "seed": result.seed,
         "trials": result.trials, "timed": result.timings is not None, "config": result.config,
+        # Not the failing trial: the trials run in an order drawn from each evaluation's secret.
         "failure": None if failure is None else {"verdict": failure.verdict, "rank": failure.rank,
-                                                 "trial": failure.trial, "phase": failure.phase},
+                                                 "phase": failure.phase},
         "fast_eligible": getattr(result, "fast_eligible", True),
     }
 
@@ -134,6 +144,22 @@ def wait_for(condition: Callable[[], bool], seconds: float, what: str) -> None:
 @pytest.fixture(scope="module")
 def all_reduce():
     return get(load_suite(), "all_reduce")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_sandbox():
+    """These tests make evaluations lose the process that runs them (a Ray worker killed mid-evaluation,
+    a node removed) and find it through marker files their candidates write: machine failures, which a
+    sandboxed candidate cannot cause or report. They run with the sandbox's stated fallback; the sandbox
+    has tests of its own (test_isolation.py, test_exploits.py). Set before the Ray cluster starts, so its
+    workers inherit it."""
+    previous = os.environ.get("PKB_SANDBOX")
+    os.environ["PKB_SANDBOX"] = "off"
+    yield
+    if previous is None:
+        os.environ.pop("PKB_SANDBOX", None)
+    else:
+        os.environ["PKB_SANDBOX"] = previous
 
 
 def request(problem, path: Path, **overrides: Any) -> EvalRequest:

@@ -161,6 +161,9 @@ def test_killing_a_pool_ends_what_its_candidate_started_outside_its_ranks(all_re
     try:
         assert pool.sandboxed == sandboxed
         _load(pool, all_reduce, candidate)
+        deadline = time.monotonic() + 20
+        while len(processes_mentioning(token, wait_s=0)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(processes_mentioning(token, wait_s=0)) == 2  # one per rank, alive
     finally:
         pool.kill()

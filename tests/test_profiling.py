@@ -258,9 +258,9 @@ FAKE_NCU = textwrap.dedent('''\
 
     args = sys.argv[1:]
     if "--import" in args:
-        sys.stdout.write(open(os.environ["PKB_FAKE_NCU_CSV"]).read())
+        sys.stdout.write(open(os.environ["PKB_TEST_FAKE_NCU_CSV"]).read())
         sys.exit(0)
-    with open(os.environ["PKB_FAKE_NCU_ARGS"], "a") as f:
+    with open(os.environ["PKB_TEST_FAKE_NCU_ARGS"], "a") as f:
         f.write(json.dumps(args) + "\\n")
     valued = {{"--target-processes", "--replay-mode", "--cache-control", "--clock-control", "--profile-from-start",
               "--launch-count", "--metrics", "--export"}}
@@ -279,8 +279,8 @@ def test_ncu_driver_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
     fake.write_text(FAKE_NCU.format(python=sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     (tmp_path / "raw.csv").write_text(RAW_CSV)
-    monkeypatch.setenv("PKB_FAKE_NCU_CSV", str(tmp_path / "raw.csv"))
-    monkeypatch.setenv("PKB_FAKE_NCU_ARGS", str(tmp_path / "args.jsonl"))
+    monkeypatch.setenv("PKB_TEST_FAKE_NCU_CSV", str(tmp_path / "raw.csv"))
+    monkeypatch.setenv("PKB_TEST_FAKE_NCU_ARGS", str(tmp_path / "args.jsonl"))
     monkeypatch.setattr(nsight, "ncu_path", lambda: str(fake))
     import harness.pool
 
@@ -295,7 +295,7 @@ def test_ncu_driver_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
     assert live_children() == []
     assert [r.status for r in report.runs] == ["collected"] and report.runs[0].passes == {"one_shot_all_reduce": 1}
     launched = [json.loads(line) for line in (tmp_path / "args.jsonl").read_text().splitlines()]
-    assert len(launched) == 1 and "harness.worker" in launched[0]
+    assert len(launched) == 1 and "harness.rank.worker" in launched[0]
     assert launched[0][launched[0].index("--rank") + 1] == "1"  # only the chosen rank ran under ncu
     assert report.per_call["nvltx__bytes.sum"] == pytest.approx(2 * 1_048_576 / 2)
     assert report.status == "partial" and "ncu did not report it" in report.missing["dram__bytes_read.sum"]

@@ -91,12 +91,12 @@ def test_check_of_a_correct_candidate_says_correct(sample):
 def test_check_of_a_wrong_candidate_names_rank_trial_location_and_magnitude(sample):
     ctx, out = sample
     o = out["check_wrong"]
-    assert o.text.startswith("check: output_mismatch (rank 1, trial 0")
+    assert re.match(r"check: output_mismatch \(rank 1, trial \d, ", o.text), o.text
     assert re.search(r"error magnitude: max abs err [23](\.\d+)?,", o.text), o.text
     assert "tolerance atol=0.02 rtol=0.02" in o.text
     assert "location: output `out`, flat index 0" in o.text
     assert "hint:" in o.text
-    assert o.data["failing_rank"] == 1 and o.data["failing_trial"] == 0
+    assert o.data["failing_rank"] == 1 and o.data["failing_trial"] in range(3)  # trials run in a secret order
     assert o.data["max_abs_err"] > 2.0
     assert o.data["location"] == {"output": "out", "flat_index": 0, "mismatched": 1, "numel": 512}
     assert o.data["result"]["failure"]["rank"] == 1
@@ -127,7 +127,7 @@ def test_every_answer_fits_the_token_budget(sample, all_reduce, tmp_path):
     for budget in (600, 80):
         tight = make_ctx(all_reduce, tmp_path, answer_tokens=budget)
         text = render.fit(verdict_blocks(wrong, tight, "check"), budget)
-        assert within(text, budget) and text.startswith("check: output_mismatch (rank 1, trial 0")
+        assert within(text, budget) and re.match(r"check: output_mismatch \(rank 1, trial \d, ", text)
 
 
 def test_candidates_are_saved_in_order_with_their_records(sample):

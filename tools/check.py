@@ -29,7 +29,9 @@ HINTS = {
                        "while a peer may still read it.",
     "deadlock": "A rank never finished: every rank must make the same barrier and collective calls in the same "
                 "order, signal slots and epochs must match on both sides, and blocks that spin on flags must "
-                "all be resident at once (grid <= SM count).",
+                "all be resident at once (grid <= SM count). The stacks below show where each rank was.",
+    "timeout": "Every rank was still busy in its own code when time ran out (stacks below): too slow, not "
+               "stuck. Look for a host loop, a per-element Python operation or a synchronize in a loop.",
     "infra_error": "The harness failed, not your code; the call can be repeated.",
 }
 # What the harness's integrity flags (harness/integrity.py) mean for the model; unknown flags show by name.
@@ -48,6 +50,8 @@ FLAG_HINTS = {
     "timed_output_wrong": "a timed call returned a wrong output although the check passed",
     "input_caching": "never-seen inputs ran much slower than repeated ones: results must not be cached",
     "impossible": "faster than the hardware allows: the timing does not cover the work",
+    "timing_inconsistent": "the times measured in your ranks do not match the harness's own clock: the claimed "
+                           "call time is smaller than what the harness saw",
 }
 
 
