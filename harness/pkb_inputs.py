@@ -74,9 +74,9 @@ class InputPlan:
 
 def _perturb_reason(kind: str) -> str:
     if kind == STACKED_FILL:
-        return "a stacked fill (one value per slice of the first dimension), identical across trials in PKB: " \
-               "each slice re-drawn per trial as a value of its own"
-    return "a fill (one value), identical across trials in PKB: re-drawn per trial element by element"
+        return "a stacked fill (one value per slice of the first dimension) identical across trials in PKB: " \
+               "re-drawn per trial, a new value per slice"
+    return "a fill (one value) identical across trials in PKB: re-drawn per trial, element by element"
 
 
 def leaves(value: Any, path: Where = ()) -> list[tuple[Where, Any]]:
@@ -219,8 +219,9 @@ class InputNote:
 
     def line(self) -> str:
         ranks = f"rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
-        verb = "re-drawn per trial" if self.action == "perturbed" else "left as PKB made it"
-        return f"input {self.input} ({ranks}): {verb}: {self.reason}"
+        if self.action == "perturbed":
+            return f"input {self.input} ({ranks}): {self.reason}"
+        return f"input {self.input} ({ranks}) stays identical across trials ({self.reason}): left as PKB made it"
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,12 @@ def match_files(problems: Sequence[Problem], directory: str | Path) -> list[Matc
         decided[name] = _by_signature(name, pid, words, sig, why_not, unclaimed)
         if decided[name].problem is not None:
             claimed.add(decided[name].problem)
-    return [decided[k] for k in sorted(decided)]
+    return [decided[k] for k in sorted(decided, key=_natural)]
+
+
+def _natural(name: str) -> list[Any]:
+    """'2_x' before '12_x': digit runs compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _by_name(file: str, stem: str, pid: int, words: str, sig: Signature | str, by_stem: dict[str, _Ref],

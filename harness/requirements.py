@@ -94,21 +94,23 @@ class _Scan:
         return f"{full}.{rest}" if rest else full
 
     def run(self, entries: tuple[str, ...] = ("solution",)) -> _Scan:
-        """Scan from the top level and `entries` ("*": every top-level function and class)."""
-        seen: set[str] = set()
-        todo: list[ast.AST] = [n for n in self.tree.body
-                               if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                               and not _is_main_block(n)]
+        """Scan from the top level and `entries` ("*": every top-level function and class). A function
+        named only under a guard is scanned as guarded: it is a fallback path too."""
+        reached: dict[str, bool] = {}  # function or class name -> reached only under a guard
+        todo: list[tuple[ast.AST, bool]] = [(n, False) for n in self.tree.body
+                                            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                                            and not _is_main_block(n)]
         for name in (list(self.defs) if "*" in entries else entries):
-            if name in self.defs and name not in seen:
-                todo.append(self.defs[name])
-                seen.add(name)
+            if name in self.defs and name not in reached:
+                todo.append((self.defs[name], False))
+                reached[name] = False
         while todo:
-            node = todo.pop()
-            for child, guarded in self._walk(node, False):
-                if isinstance(child, ast.Name) and child.id in self.defs and child.id not in seen:
-                    seen.add(child.id)
-                    todo.append(self.defs[child.id])
+            node, under_guard = todo.pop()
+            for child, guarded in self._walk(node, under_guard):
+                if isinstance(child, ast.Name) and child.id in self.defs and reached.get(child.id, True) \
+                        and not (child.id in reached and guarded):
+                    reached[child.id] = guarded
+                    todo.append((self.defs[child.id], guarded))
                 if not guarded:
                     self._signal(child)
         return self
