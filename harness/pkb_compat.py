@@ -73,7 +73,6 @@ TOLERANCE = 1e-2  # PKB's atol = rtol for bf16
 TRIAL_RANGE = 1 << 16  # derived trial numbers stay small: PKB mixes them into integer seeds
 
 
-
 class PkbError(ValueError):
     """Bad PKB input; the message is one line naming what is missing."""
 
@@ -279,10 +278,6 @@ def ensure_importable(root: Path) -> None:
 
 
 # -- inputs (what may be re-drawn: harness.pkb_inputs) -------------------------------------------------
-_leaves = leaves
-_replace = replace
-
-
 def _redraw(t: torch.Tensor, trial_seed: int, path: Where) -> torch.Tensor:
     """A fill re-drawn for a trial (kept for callers of the older name)."""
     return redraw(t, trial_seed, path)

@@ -29,8 +29,8 @@ from typing import Any
 CUDA = "CUDA"
 # Packages whose code runs only on a GPU; missing or not, they need CUDA on a CPU run.
 GPU_PACKAGES = ("triton", "cupy", "pycuda", "cuda", "numba.cuda", "tilelang", "thunderkittens")
-# A PKB checkout's helpers for its GPU backends.
-GPU_HELPERS = ("utils.cuda_helpers", "utils.parallelkittens_runtime", "utils.triton_utils")
+# A PKB checkout's helpers for its GPU backends. Importing them works anywhere (cuda_helpers only imports
+# load_inline); what needs CUDA is calling their builders, or the GPU library they import (triton_utils).
 # Calls that raise on a machine without CUDA (torch.cuda.device_count and is_available do not).
 CUDA_CALLS = frozenset({
     "torch.cuda.current_device", "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.Stream",
@@ -84,6 +84,7 @@ class _Scan:
         self.needs: list[Need] = []
         # (module, line, names taken from it) of the imports that run, unguarded
         self.imports: list[tuple[str, int, tuple[str, ...]]] = []
+        self.used: set[str] = set()  # names read by code that runs, unguarded
 
     def resolve(self, node: ast.AST) -> str | None:
         name = _dotted(node)
@@ -113,24 +114,42 @@ class _Scan:
                     todo.append((self.defs[child.id], guarded))
                 if not guarded:
                     self._signal(child)
+                    if isinstance(child, ast.Name):
+                        self.used.add(child.id)
         return self
 
     def _walk(self, node: ast.AST, guarded: bool) -> Iterator[tuple[ast.AST, bool]]:
         yield node, guarded
         if isinstance(node, (ast.If, ast.While, ast.IfExp)):
-            inner = guarded or bool(GUARD_RE.search(ast.unparse(node.test)))
+            inner = guarded or _is_guard(node.test)
             yield from self._walk(node.test, guarded)
-            for child in [*_as_list(node.body), *_as_list(node.orelse)]:
-                yield from self._walk(child, inner)
+            yield from self._block(_as_list(node.body), inner)
+            yield from self._block(_as_list(node.orelse), inner)
             return
         if isinstance(node, ast.Try) and node.handlers:
-            for child in node.body:
-                yield from self._walk(child, True)
+            yield from self._block(node.body, True)
             for child in [*node.handlers, *node.orelse, *node.finalbody]:
                 yield from self._walk(child, guarded)
             return
+        blocks = [getattr(node, f) for f in ("body", "orelse", "finalbody")
+                  if isinstance(getattr(node, f, None), list)]
+        in_blocks = {id(stmt) for block in blocks for stmt in block}
         for child in ast.iter_child_nodes(node):
-            yield from self._walk(child, guarded)
+            if id(child) not in in_blocks:
+                yield from self._walk(child, guarded)
+        for block in blocks:
+            yield from self._block(block, guarded)
+
+    def _block(self, statements: list[ast.AST], guarded: bool) -> Iterator[tuple[ast.AST, bool]]:
+        """A statement list in order. After `if <device test>: ... return` the rest of the block is the
+        device's own path (`if not x.is_cuda: return fallback(x)`): guarded like a branch. A refusal
+        (`if not x.is_cuda: raise ...`, `assert x.is_cuda`) is a need, not a fallback."""
+        for stmt in statements:
+            yield from self._walk(stmt, guarded)
+            if not guarded and _refuses_cpu(stmt):
+                self.needs.append(Need(CUDA, stmt.lineno, _short(stmt)))
+            if isinstance(stmt, ast.If) and _is_guard(stmt.test) and (_returns(stmt.body) or _returns(stmt.orelse)):
+                guarded = True
 
     def _signal(self, node: ast.AST) -> None:
         line = getattr(node, "lineno", 0)
@@ -149,7 +168,7 @@ class _Scan:
         """Record an import that runs; True when it needs CUDA."""
         if not submodule:
             self.imports.append((module, line, names))
-        for gpu in (*GPU_PACKAGES, *GPU_HELPERS):
+        for gpu in GPU_PACKAGES:
             if module == gpu or module.startswith(gpu + "."):
                 self.needs.append(Need(CUDA, line, f"import {module}"))
                 return True
@@ -172,6 +191,33 @@ class _Scan:
         for kw in node.keywords:
             if kw.arg == "device" and _is_cuda_text(kw.value):
                 self.needs.append(Need(CUDA, line, f"device={ast.unparse(kw.value)}"))
+
+
+def _is_guard(test: ast.AST) -> bool:
+    return bool(GUARD_RE.search(ast.unparse(test)))
+
+
+def _returns(statements: list[ast.stmt]) -> bool:
+    return bool(statements) and isinstance(statements[-1], ast.Return)
+
+
+NOT_CUDA_RE = re.compile(r"not [\w.()\[\]]*is_cuda|!= *['\"]cuda|is_cuda *== *False")
+IS_CUDA_RE = re.compile(r"is_cuda|== *['\"]cuda")
+
+
+def _refuses_cpu(stmt: ast.AST) -> bool:
+    """`assert x.is_cuda` or `if not x.is_cuda: raise`: the code refuses to run anywhere but CUDA."""
+    if isinstance(stmt, ast.Assert):
+        text = ast.unparse(stmt.test)
+        return bool(IS_CUDA_RE.search(text)) and not NOT_CUDA_RE.search(text)
+    if isinstance(stmt, ast.If) and stmt.body and isinstance(stmt.body[-1], ast.Raise):
+        return bool(NOT_CUDA_RE.search(ast.unparse(stmt.test)))
+    return False
+
+
+def _short(stmt: ast.AST) -> str:
+    text = ast.unparse(stmt.test if isinstance(stmt, ast.Assert) else stmt).splitlines()[0]
+    return ("assert " if isinstance(stmt, ast.Assert) else "") + (text if len(text) <= 60 else text[:57] + "...")
 
 
 def _is_main_block(node: ast.AST) -> bool:
@@ -200,13 +246,13 @@ def _builds_cuda(node: ast.Call) -> bool:
 
 @lru_cache(maxsize=1024)
 def _scan_text(text: str, entries: tuple[str, ...] = ("solution",),
-               ) -> tuple[tuple[Need, ...], tuple[tuple[str, int, tuple[str, ...]], ...]] | None:
+               ) -> tuple[tuple[Need, ...], tuple[tuple[str, int, tuple[str, ...]], ...], frozenset[str]] | None:
     try:
         scan = _Scan(ast.parse(text)).run(entries)
     except (SyntaxError, ValueError, RecursionError):
         return None
     return (tuple(sorted(set(scan.needs), key=lambda n: n.line)),
-            tuple(sorted(set(scan.imports), key=lambda i: i[1])))
+            tuple(sorted(set(scan.imports), key=lambda i: i[1])), frozenset(scan.used))
 
 
 def _installed(module: str, local_roots: tuple[Path, ...]) -> bool:
@@ -237,7 +283,7 @@ def file_needs(path: Path, local_roots: tuple[Path, ...] = (), *, depth: int = 2
     scanned = _scan_text(text, entries)
     if scanned is None:
         return []  # a syntax error: the compile stage reports it
-    needs, imports = scanned
+    needs, imports, used = scanned
     out = list(needs)
     local_roots = (*local_roots, PROJECT_ROOT)
     roots = (*local_roots, path.parent)
@@ -247,7 +293,11 @@ def file_needs(path: Path, local_roots: tuple[Path, ...] = (), *, depth: int = 2
             continue
         local = _local_file(module, local_roots)
         if local is not None and depth > 0 and local != path:
-            for need in file_needs(local, local_roots, depth=depth - 1, entries=names):
+            # The imported module's top level runs at import; a function of it counts only where code
+            # that runs here uses it (`import X` then `X.f`: all of X).
+            taken = ("*",) if names == ("*",) and module.split(".")[0] in used else \
+                tuple(n for n in names if n in used)
+            for need in file_needs(local, local_roots, depth=depth - 1, entries=taken):
                 out.append(Need(need.what, line, f"import {module} ({local.name} line {need.line}: {need.evidence})"))
     return out
 

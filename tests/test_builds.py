@@ -157,12 +157,17 @@ def test_precompile_builds_the_lazy_extension_into_the_cache_the_first_call_hits
     assert (extensions / "pkb_fixture_scaled_copy" / ".ninja_log").read_text() == log
 
 
-@pytest.mark.slow
 def test_a_lazy_build_that_fails_in_the_compiler_exits_3_with_its_lines(tmp_path: Path):
-    broken = tmp_path / "1_all_reduce_cuda.py"
-    broken.write_text(LAZY.read_text().replace("return x.mul(factor);", "return x.mul(factor) +;"))
-    proc = _precompile(broken, tmp_path / "ext")
+    """cpp_extension.load of a plain C++ file (no torch headers, so the compiler fails within a second)."""
+    (tmp_path / "broken.cpp").write_text("int broken( { return 0; }\n")
+    candidate = tmp_path / "1_all_reduce_cuda.py"
+    candidate.write_text("import os\nfrom torch.utils.cpp_extension import load\n\n"
+                         "SOURCE = os.path.join(os.path.dirname(__file__), 'broken.cpp')\n\n"
+                         "def solution(tensor):\n    load('pkb_fixture_broken', sources=[SOURCE], "
+                         "is_python_module=False)\n    return tensor\n")
+    proc = _precompile(candidate, tmp_path / "ext")
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "build of pkb_fixture_scaled_copy" in proc.stdout and "error" in proc.stdout
+    assert "build of pkb_fixture_broken (cpp_extension.load, called in solution line 7) failed" in proc.stdout
+    assert "broken.cpp" in proc.stdout and "error" in proc.stdout
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["builds"][0]["ok"] is False and "Error building extension" in report["builds"][0]["error"]

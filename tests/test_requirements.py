@@ -35,7 +35,8 @@ def test_a_lazily_built_cuda_candidate_needs_cuda_on_cpu_only(odd, tmp_path: Pat
                  "        _ext = compile_cuda_extension('e', SRC)\n    return _ext\n\n"
                  "def solution(tensor):\n    return _get_ext().run(tensor)\n")
     issue = environment_issue(odd["1_all_reduce"], lazy, "cpu")
-    assert issue is not None and issue.startswith("the candidate needs CUDA (line 2: import utils.cuda_helpers)")
+    assert issue is not None and issue.startswith(
+        "the candidate needs CUDA (line 10: compile_cuda_extension(...) builds a CUDA extension)"), issue
     assert issue.endswith("this evaluation runs on CPU") and "\n" not in issue
     assert environment_issue(odd["1_all_reduce"], lazy, "cuda") is None
 
@@ -47,6 +48,9 @@ def test_a_lazily_built_cuda_candidate_needs_cuda_on_cpu_only(odd, tmp_path: Pat
     ("    torch.cuda.synchronize()\n    return tensor", "torch.cuda.synchronize()"),
     ("    buf = symm.empty(4, device=tensor.device)\n    return buf", "symm.empty()"),
     ("    return helper(tensor)", "x.cuda()"),  # through a function solution() calls
+    ("    assert tensor.is_cuda and tensor.is_contiguous(), 'CUDA only'\n    return tensor", "assert tensor.is_cuda"),
+    ("    if not tensor.is_cuda:\n        raise RuntimeError('x must be CUDA')\n    return tensor",
+     "if not tensor.is_cuda:"),
     ("    from torch.utils.cpp_extension import load_inline\n"
      "    return load_inline('k', cpp_sources='', cuda_sources='__global__ void k() {}')", "with CUDA sources"),
 ])
@@ -61,10 +65,15 @@ def test_what_needs_cuda(odd, tmp_path: Path, body: str, evidence: str):
 @pytest.mark.parametrize("body", [
     "    if tensor.is_cuda:\n        return tensor.cuda()\n    return tensor.clone()",
     "    return tensor.cuda() if torch.cuda.is_available() else tensor.clone()",
+    "    if tensor.is_cuda:\n        raise RuntimeError('this path is for CPU tensors')\n    return tensor.clone()",
     "    try:\n        import cupy\n    except ImportError:\n        cupy = None\n    return tensor.clone()",
     "    dev = torch.device('cuda', 0) if False else tensor.device\n    return torch.zeros(2, device=dev)",
     "    return tensor.clone()\n\nif __name__ == '__main__':\n    solution(torch.ones(2).cuda())",
     "    return unused_helper(tensor) if tensor.device.type == 'cuda' else tensor.clone()",
+    # the shape of Opus 4.7's recorded 66/67 (correct on CPU): a fallback returned first, then the CUDA path
+    "    if not tensor.is_cuda or tensor.dim() != 2:\n        return tensor.clone()\n"
+    "    from utils.cuda_helpers import compile_cuda_extension\n"
+    "    return compile_cuda_extension('e', 'src').run(tensor.cuda())",
 ])
 def test_fallbacks_and_unreached_code_need_nothing(odd, tmp_path: Path, body: str):
     path = write(tmp_path / "c.py", "import torch\n\ndef unused_helper(x):\n    return x.cuda()\n\n"
