@@ -34,7 +34,7 @@ from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
 from agent.executors import RayExecutor, add_executor_arguments, executor_from_args
 from agent.providers import ModelSpec, ProviderError, make_chat_model, parse_model_spec
 from agent.replay import ReplayError, ReplaySet, load_replay
-from agent.rundir import RunDir
+from agent.rundir import RunDir, write_json_atomic
 from agent.runner import RunConfig, RunError, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
@@ -310,6 +310,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 create_run(run_dir, config, prices)
             except RunError as err:
                 raise CliError(str(err)) from None
+        if replay is not None and replay.matches:
+            _account_for_replay(replay, run_dir)
         runner = Runner(run_dir, config, problems, concurrency=args.concurrency, prices=prices, replay=replay,
                         scheduler=scheduler, executor=executor)
         if isinstance(executor, RayExecutor):
@@ -323,6 +325,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
                        "samples finished; --resume continues it)")
     return 0 if summary.complete else 1
+
+
+def _account_for_replay(replay: ReplaySet, run_dir: RunDir) -> None:
+    """Say which files of a PKB solution set were not paired with a problem (and which were paired by name
+    although their solution() differs from the reference's), and keep the whole accounting in the run."""
+    write_json_atomic(run_dir.replay_matches, replay.matches_record())
+    unmatched = replay.unmatched
+    odd = [m for m in replay.matches if m.matched and m.signature.startswith("differs")]
+    if unmatched:
+        print(f"pkb: {len(unmatched)} of {len(replay.matches)} file(s) in {replay.directory} match no problem "
+              "and are not scored:", file=sys.stderr)
+        for m in unmatched:
+            print(f"  {m.line()}", file=sys.stderr)
+    for m in odd:
+        print(f"pkb: note: {m.line()}; {m.signature}", file=sys.stderr)
+    print(f"pkb: how each file was matched: {run_dir.replay_matches}", file=sys.stderr)
 
 
 class _Tally:

@@ -4,7 +4,9 @@ Two layouts are read:
 - ours: DIR/<problem>.py, or DIR/<problem>/<anything>.py for several solutions of one problem (a problem
   may have both; files sort by path);
 - PKB's: DIR/<id>_<name>_<backend>.py, for problems loaded from a PKB checkout (`--source pkb:PATH`),
-  matched through harness.pkb_compat.
+  matched by name first (harness.pkb_solutions: stem, known renames, renumbered names, then signature;
+  never by the number alone). Every file of the folder is accounted for in `ReplaySet.matches`, matched
+  or not, with the reason; `pkb run` prints the unmatched ones and saves them all in the run folder.
 
 Each file of a problem is one sample, in path order. A `.py` file or folder in DIR that names no problem
 of the source is refused (a typo would otherwise score as a missing solution). A selected problem with no
@@ -16,10 +18,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.problem import Problem
+
+if TYPE_CHECKING:
+    from harness.pkb_solutions import Match
 
 OURS = "pkb-agent"
 PKB = "pkb"
@@ -34,6 +40,7 @@ class ReplaySet:
     directory: Path
     layout: str  # OURS or PKB
     files: dict[str, list[Path]]  # problem name -> its solution files, in sample order
+    matches: tuple[Match, ...] = field(default=())  # PKB layout: how each file of the folder was paired
 
     def solutions(self, problem: str) -> list[Path]:
         return self.files.get(problem, [])
@@ -41,6 +48,17 @@ class ReplaySet:
     @property
     def problems(self) -> list[str]:
         return [name for name, paths in self.files.items() if paths]
+
+    @property
+    def unmatched(self) -> list[Match]:
+        return [m for m in self.matches if not m.matched]
+
+    def matches_record(self) -> dict[str, object]:
+        """What replay_matches.json holds (docs/run-layout.md)."""
+        from harness.pkb_solutions import tally
+
+        return {"directory": str(self.directory), "layout": self.layout, "counts": tally(self.matches),
+                "files": [m.as_dict() for m in self.matches]}
 
 
 def load_replay(directory: str | Path, problems: Sequence[Problem]) -> ReplaySet:
@@ -82,16 +100,21 @@ def _our_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
 
 
 def _pkb_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
-    from harness import pkb_compat  # only PKB sources need the adapter
+    from harness import pkb_compat, pkb_solutions  # only PKB sources need the adapter
 
     try:
-        found = pkb_compat.solutions_for(root)
+        pkb_compat.solutions_for(root)  # says clearly when the folder holds no PKB solution file at all
     except pkb_compat.PkbError as err:
         raise ReplayError(str(err)) from None
-    files = {p.name: pkb_compat.solutions_of(p, found) for p in problems}
-    files = {name: paths for name, paths in files.items() if paths}
+    matches = pkb_solutions.match_files(problems, root)
+    files: dict[str, list[Path]] = {}
+    for m in matches:
+        if m.problem is not None:
+            files.setdefault(m.problem, []).append(root / m.file)
     if not files:
-        ids = ", ".join(str(i) for i in sorted(found))
-        raise ReplayError(f"replay directory {root}: its PKB solutions (problem ids {ids}) match no problem "
-                          "of the checkout")
-    return ReplaySet(root, PKB, files)
+        reasons = "; ".join(m.line() for m in matches[:3])
+        raise ReplayError(f"replay directory {root}: none of its {len(matches)} files matches a problem of the "
+                          f"checkout ({reasons})")
+    order = {p.name: i for i, p in enumerate(problems)}
+    files = {name: sorted(files[name]) for name in sorted(files, key=lambda n: order.get(n, len(order)))}
+    return ReplaySet(root, PKB, files, tuple(matches))

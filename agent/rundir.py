@@ -117,5 +117,10 @@ class RunDir:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints.sqlite"
 
+    @property
+    def replay_matches(self) -> Path:
+        """A PKB replay's accounting: how each file of the solution set was paired with a problem, or why not."""
+        return self.path / "replay_matches.json"
+
     def sample(self, problem: str, condition: str, k: int) -> SampleDir:
         return SampleDir(self.path / "samples" / problem / condition / str(k))

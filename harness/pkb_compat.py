@@ -10,11 +10,10 @@ one checks that the reference runs and agrees with itself, nothing more, and say
 
 Inputs. Trial numbers are derived from the harness's per-trial generator seed, so trials differ where
 PKB's generator honours `trial`. Where it does not (PKB's collective problems fill constant tensors),
-a float tensor that is a fill (few distinct values, not all zero) is re-drawn per trial as
-value * (1 + 0.25 * N(0, 1)); the noise is seeded by the trial and the tensor's own values, so tensors
-that are equal across ranks stay equal (replicated parameters stay replicated) and ranks that differ
-still differ. Other tensors that stay identical across trials (integers, zeros, non-fill floats whose
-structure we cannot know) are left alone, and the problem is flagged as having constant inputs.
+exact fills are re-drawn per trial and every other constant is left as PKB made it, with the problem
+flagged (harness.pkb_inputs says which and why); input_report() gives the record per shape and world size.
+
+Solution sets are paired with references by harness.pkb_solutions (by name, never by number alone).
 
 The part the rank worker imports (everything above validate_pkb_problems) uses only the standard
 library and torch.
@@ -23,13 +22,12 @@ library and torch.
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +35,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harness.pkb_inputs import (  # noqa: F401 (re-exported: callers import them from here)
+    FLAG_CONSTANT,
+    FLAG_PERTURBED,
+    NOISE,
+    InputPlan,
+    InputReport,
+    Where,
+    apply_plan,
+    leaves,
+    merge_rows,
+    plan_inputs,
+    redraw,
+    replace,
+)
 from harness.problem import MalformedProblem, Problem, import_file, module_name_for
 from harness.seeds import RANK_STRIDE
 
@@ -59,11 +71,6 @@ DEFAULT_WORLD_SIZES = (2, 4, 8)  # PKB runs 8 ranks; 2 and 4 fit smaller machine
 DTYPE = torch.bfloat16  # PKB's default
 TOLERANCE = 1e-2  # PKB's atol = rtol for bf16
 TRIAL_RANGE = 1 << 16  # derived trial numbers stay small: PKB mixes them into integer seeds
-
-FILL_MAX_DISTINCT = 64  # a float tensor with at most this many distinct values is a fill
-NOISE = 0.25  # relative spread of a re-drawn fill
-FLAG_PERTURBED = "pkb_inputs_perturbed"
-FLAG_CONSTANT = "pkb_inputs_constant"
 
 
 class PkbError(ValueError):
@@ -270,87 +277,10 @@ def ensure_importable(root: Path) -> None:
         raise
 
 
-# -- inputs -----------------------------------------------------------------------------------------
-Where = tuple[int, ...]  # where a tensor sits in the input tuple: (argument index, item index, ...)
-
-
-@dataclass
-class InputPlan:
-    """What make_inputs does to one rank's PKB inputs, decided once per shape, world size and rank."""
-
-    perturb: list[Where] = field(default_factory=list)
-    constant: list[tuple[Where, str]] = field(default_factory=list)  # identical across trials, left alone
-
-    def notes(self) -> list[str]:
-        out = [f"input {_where(p)} is a fill identical across trials in PKB: re-drawn per trial" for p in self.perturb]
-        out += [f"input {_where(p)} stays identical across trials ({why}): cannot perturb it safely"
-                for p, why in self.constant]
-        return out
-
-
-def _where(path: Where) -> str:
-    return "#" + "".join(f"[{i}]" if n else str(i) for n, i in enumerate(path))
-
-
-def _leaves(value: Any, path: Where = ()) -> list[tuple[Where, Any]]:
-    if isinstance(value, (tuple, list)):
-        out: list[tuple[Where, Any]] = []
-        for i, v in enumerate(value):
-            out.extend(_leaves(v, (*path, i)))
-        return out
-    return [(path, value)]
-
-
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-        return False
-    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
-                       b.detach().contiguous().reshape(-1).view(torch.uint8))
-
-
-def plan_inputs(first: tuple, second: tuple) -> InputPlan:
-    """Compare two trials' PKB inputs and decide which tensors to re-draw per trial."""
-    plan = InputPlan()
-    other = dict(_leaves(second))
-    for path, t in _leaves(first):
-        u = other.get(path)
-        if not isinstance(t, torch.Tensor) or not isinstance(u, torch.Tensor) or t.numel() < 2:
-            continue
-        if t.layout != torch.strided or u.layout != torch.strided:
-            continue  # sparse and other layouts: passed through as PKB made them
-        if not _same_bytes(t, u):
-            continue  # PKB already draws this one per trial
-        if not t.is_floating_point():
-            plan.constant.append((path, f"{str(t.dtype).replace('torch.', '')} tensor"))
-        elif isinstance(t, torch.nn.Parameter) or t.requires_grad:
-            plan.constant.append((path, "a tensor that requires grad"))
-        elif not bool(t.detach().ne(0).any()):
-            plan.constant.append((path, "all zeros, likely a buffer"))
-        elif t.detach().float().unique().numel() > FILL_MAX_DISTINCT:
-            plan.constant.append((path, "a float tensor that is not a fill, of unknown structure"))
-        else:
-            plan.perturb.append(path)
-    return plan
-
-
+# -- inputs (what may be re-drawn: harness.pkb_inputs) -------------------------------------------------
 def _redraw(t: torch.Tensor, trial_seed: int, path: Where) -> torch.Tensor:
-    """value * (1 + NOISE * N(0, 1)), seeded by the trial, the position and the tensor's own values."""
-    values = t.detach().float().unique().tolist()
-    key = f"{trial_seed}|{path}|{tuple(t.shape)}|{t.dtype}|{values}"
-    gen = torch.Generator(device=t.device)
-    gen.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1)
-    noise = torch.randn(t.shape, generator=gen, device=t.device, dtype=torch.float32)
-    out = torch.empty_like(t)
-    out.copy_(t.detach().float() * (1.0 + NOISE * noise))
-    return out
-
-
-def _replace(value: Any, path: Where, new: Any) -> Any:
-    if not path:
-        return new
-    items = list(value)
-    items[path[0]] = _replace(items[path[0]], path[1:], new)
-    return tuple(items) if isinstance(value, tuple) else items
+    """A fill re-drawn for a trial (kept for callers of the older name)."""
+    return redraw(t, trial_seed, path)
 
 
 def trial_of(generator: torch.Generator, rank: int) -> int:
@@ -415,11 +345,13 @@ class PkbProblemModule(ModuleType):
         if plan is None:
             other = self.draw(base_shape, rank, world_size, (trial + 1) % TRIAL_RANGE, device)
             plan = self.input_plans[key] = plan_inputs(inputs, other)
-        trial_seed = generator.initial_seed() - rank
-        for path in plan.perturb:
-            leaf = dict(_leaves(inputs))[path]
-            inputs = _replace(inputs, path, _redraw(leaf, trial_seed, path))
-        return inputs
+        return apply_plan(inputs, plan, generator.initial_seed() - rank)
+
+    def input_rows(self, base_shape: tuple[int, ...], world_size: int) -> dict[int, list[tuple[str, str, str]]]:
+        """InputPlan.rows() of every rank whose inputs this process drew at that shape and world size (a rank
+        worker can send these back; harness.pkb_inputs.merge_rows turns them into an InputReport)."""
+        return {rank: plan.rows() for (shape, w, rank, _), plan in sorted(self.input_plans.items())
+                if shape == tuple(base_shape) and w == world_size}
 
     def input_flags(self) -> list[str]:
         """Flags for what make_inputs did in this process so far."""
@@ -450,14 +382,14 @@ def solutions_for(directory: str | Path) -> dict[int, list[Path]]:
 
 
 def solutions_of(problem: Problem, found: dict[int, list[Path]]) -> list[Path]:
-    """The files of `found` (from solutions_for) that solve `problem`: <id>_<name>_<backend>.py with the
-    reference's own <id>_<name>; by id alone when none carries the name (two references may share an id)."""
+    """The files of `found` (from solutions_for) named <id>_<name>_<backend>.py with the reference's own
+    stem. The id alone never pairs a file with a problem (recorded sets use older numberings); to pair a
+    whole set by name, known renames and signature, with a reason for every file, use
+    harness.pkb_solutions.match_solution_set."""
     pid = problem_id(problem)
     if pid is None:
         return []
-    candidates = found.get(pid, [])
-    named = [p for p in candidates if SOLUTION_RE.match(p.name) and p.name.rsplit("_", 1)[0] == problem.name]
-    return named or candidates
+    return [p for p in found.get(pid, []) if SOLUTION_RE.match(p.name) and p.name.rsplit("_", 1)[0] == problem.name]
 
 
 def solution_set_info(directory: str | Path) -> dict[str, str] | None:
@@ -469,39 +401,104 @@ def solution_set_info(directory: str | Path) -> dict[str, str] | None:
 
 
 # -- parent side: what happens to the inputs, and validation ----------------------------------------
-def probe_inputs(problem: Problem, shape: str = "small", world_size: int | None = None, seed: int = 0) -> list[str]:
-    """Draw every rank's inputs in this process and say what was perturbed or left constant.
+MAX_PROBE_BYTES = 1 << 30  # a rank's inputs larger than this are not drawn in the harness's own process
+PROBE_TIMEOUT_S = 300.0
 
-    Inputs that need a process group (some PKB problems build groups in create_input_tensor) cannot be
-    drawn here; the answer then says so.
+
+def _tensor_bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for _, t in leaves(value)
+               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
+
+
+def draw_plans(problem: Problem, shape: str, world_size: int, seed: int = 0, max_bytes: int = MAX_PROBE_BYTES,
+               ranks: Sequence[int] | None = None) -> dict[int, list[tuple[str, str, str]]]:
+    """Each rank's InputPlan.rows() for one shape and world size, drawn in this process on the CPU.
+
+    Where PKB's generator builds process groups, a process group must already exist in this process (the
+    probe child starts a fake one). A rank whose inputs exceed `max_bytes` (sized first on the meta
+    device, which allocates nothing) is not drawn: ValueError says how large they are.
     """
     from harness.seeds import rank_seed
 
     module = problem.module
-    if not isinstance(module, PkbProblemModule):
-        return []
-    w = world_size or problem.world_sizes[0]
-    ranks_by_note: dict[str, list[int]] = {}
+    assert isinstance(module, PkbProblemModule)
+    base_shape = tuple(int(d) for d in problem.shape(shape)["base_shape"])
+    rows: dict[int, list[tuple[str, str, str]]] = {}
+    for rank in (range(world_size) if ranks is None else ranks):
+        try:
+            size = _tensor_bytes(module.draw(base_shape, rank, world_size, 0, torch.device("meta")))
+        except Exception:  # generators that read values (.item()) cannot run on meta: size unknown, draw
+            size = 0
+        if size > max_bytes:
+            raise ValueError(f"rank {rank}'s inputs take {size / 2**30:.1f} GiB at shape {shape!r} "
+                             f"(base_shape {list(base_shape)}), more than the {max_bytes / 2**30:.1f} GiB the "
+                             "harness draws in its own process: not examined")
+        gen = torch.Generator()
+        gen.manual_seed(rank_seed(seed, 0, rank))
+        problem.make_inputs(problem.shape(shape), rank, world_size, gen, torch.device("cpu"))
+        rows[rank] = module.input_plans[(base_shape, world_size, rank, "cpu")].rows()
+    return rows
+
+
+@lru_cache(maxsize=256)
+def _report(spec: str, sha256: str, shape: str, world_size: int, seed: int) -> InputReport:
+    """Drawn here when PKB's generator needs no process group, else in a child with a fake one."""
+    problem = load_pkb_problem_spec(spec)
     try:
-        for rank in range(w):
-            gen = torch.Generator()
-            gen.manual_seed(rank_seed(seed, 0, rank))
-            problem.make_inputs(problem.shape(shape), rank, w, gen, torch.device("cpu"))
-            plan = module.input_plans[(tuple(problem.shape(shape)["base_shape"]), w, rank, "cpu")]
-            for note in plan.notes():
-                ranks_by_note.setdefault(note, []).append(rank)
-    except Exception as exc:  # anything PKB's generator raises outside a process group
-        return [f"inputs could not be drawn outside a process group ({type(exc).__name__}: {exc}); "
-                "whether they vary across trials is unknown"]
-    return [f"{note} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})" for note, r in ranks_by_note.items()]
+        return merge_rows(problem.name, shape, world_size, draw_plans(problem, shape, world_size, seed))
+    except ValueError as err:
+        if "not examined" in str(err):
+            return InputReport(problem.name, shape, world_size, (), str(err))
+        first = f"{type(err).__name__}: {err}"
+    except Exception as err:  # most often: the generator builds process groups
+        first = f"{type(err).__name__}: {err}"
+    return _report_in_child(problem, shape, world_size, seed, first)
+
+
+def _report_in_child(problem: Problem, shape: str, world_size: int, seed: int, first: str) -> InputReport:
+    import json
+    import os
+    import subprocess
+
+    command = [sys.executable, "-m", "harness.pkb_input_probe", problem.loader_spec, shape, str(world_size),
+               str(seed)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    try:
+        proc = subprocess.run(command, cwd=str(Path(__file__).resolve().parent.parent), env=env,
+                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return InputReport(problem.name, shape, world_size, (),
+                           f"inputs could not be examined: drawing them took over {PROBE_TIMEOUT_S:.0f} s")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return InputReport(problem.name, shape, world_size, (),
+                           f"inputs could not be examined ({first}; with a fake process group: {tail})")
+    data = json.loads(lines[-1])
+    rows = {int(rank): [tuple(r) for r in rs] for rank, rs in data["rows"].items()}
+    return merge_rows(problem.name, shape, world_size, rows, data.get("error"))  # type: ignore[arg-type]
+
+
+def input_report(problem: Problem, shape: str = "small", world_size: int | None = None,
+                 seed: int = 0) -> InputReport:
+    """What the harness does to a PKB problem's inputs at `shape` and `world_size`: which inputs it re-draws
+    per trial and which it leaves constant, on which ranks, and why (cached per checkout state). For a
+    result record: `input_report(...).as_dict()`; its `flags()` say whether anything was perturbed or left
+    constant. Empty for this suite's own problems."""
+    w = world_size or problem.world_sizes[0]
+    if not isinstance(problem.module, PkbProblemModule):
+        return InputReport(problem.name, shape, w)
+    return _report(problem.loader_spec, problem.source_sha256, shape, w, seed)
+
+
+def probe_inputs(problem: Problem, shape: str = "small", world_size: int | None = None, seed: int = 0) -> list[str]:
+    """input_report as lines for a person (empty when nothing is perturbed or constant)."""
+    return input_report(problem, shape, world_size, seed).lines()
 
 
 def input_flags(problem: Problem, shape: str = "small", world_size: int | None = None) -> list[str]:
     """pkb_inputs_perturbed / pkb_inputs_constant for a result record (empty for this suite's problems)."""
-    if not isinstance(problem.module, PkbProblemModule):
-        return []
-    probe_inputs(problem, shape, world_size)
-    return problem.module.input_flags()
+    return sorted(input_report(problem, shape, world_size).flags())
 
 
 def validate_pkb_problems(

@@ -1,19 +1,39 @@
-"""Import a candidate once, outside any process group, so its native builds land in the cache.
+"""Build a candidate's native code once, outside any process group, so the rank workers find it cached.
 
     python -m harness.precompile CANDIDATE [--problem LOADER_SPEC]
 
 The problem is loaded first, as the rank worker does: for a PKB checkout that puts its `utils` package
-on the import path, which PKB solutions import before anything else. Exit 3 when a build failed; 0
-otherwise (other import errors, and a problem that does not load, are the workers' to judge).
+on the import path, which PKB solutions import before anything else. Then the candidate is imported
+(builds at its top level happen then), and the builds its functions would make on their first call
+(harness.builds: load_inline, cpp_extension.load, PKB's compile_cuda_extension, CuPy) are made now, with
+the same arguments, so the extension lands in the cache under the same name and source hash.
+
+Output: a line per build, then one JSON line the compile stage parses:
+    {"builds": [{"name", "kind", "function", "line", "seconds", "ok", ["skipped"], ["error"]}],
+     "undiscovered": N, "not_made": [{"kind", "function", "line", "reason"}], "import": "ok" | "..."}
+`ok` is null for a build skipped (a CUDA build where torch has no CUDA). Exit 3 when a build failed in
+the compiler; 0 otherwise (other import errors, and a problem that does not load, are the workers' to judge).
 """
 
+from __future__ import annotations
+
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
+from harness.builds import BuildOutcome, Undiscovered, build_ahead
 from harness.candidate import classify_load_error, trimmed_traceback
 from harness.failures import COMPILE_ERROR
 from harness.problem import import_file, load_problem_spec, module_name_for
+
+BUILD_FAILED = 3
+
+
+def summary(outcomes: list[BuildOutcome], undiscovered: list[Undiscovered], imported: str) -> dict[str, Any]:
+    return {"builds": [o.as_dict() for o in outcomes], "undiscovered": len(undiscovered),
+            "not_made": [vars(u) for u in undiscovered], "import": imported}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,13 +47,34 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"the problem did not load ({type(exc).__name__}: {exc}); importing the candidate anyway")
     try:
-        import_file(args.candidate, module_name_for(args.candidate, "pkb_precompile"))
+        module = import_file(args.candidate, module_name_for(args.candidate, "pkb_precompile"))
     except BaseException as exc:
         if classify_load_error(exc) == COMPILE_ERROR:
             print(trimmed_traceback(exc))
-            return 3
+            print(json.dumps(summary([], [], "a build at import failed")))
+            return BUILD_FAILED
         print(f"import raised {type(exc).__name__} (not a build failure; left to the rank workers)")
-    return 0
+        print(json.dumps(summary([], [], f"raised {type(exc).__name__}")))
+        return 0
+    source = args.candidate.read_text(errors="replace")
+    outcomes, undiscovered = build_ahead(module, source)
+    failed = False
+    for o in outcomes:
+        if o.ok:
+            print(f"built {o.name} ({o.kind}, called in {o.function} line {o.line}) in {o.seconds:.1f} s")
+        elif o.ok is None:
+            print(f"skipped {o.name} ({o.kind}, called in {o.function} line {o.line}): {o.skipped}")
+        elif o.exception is not None and classify_load_error(o.exception) == COMPILE_ERROR:
+            failed = True
+            print(f"build of {o.name} ({o.kind}, called in {o.function} line {o.line}) failed after "
+                  f"{o.seconds:.1f} s:\n{o.error}")
+        else:  # not the compiler: the first call would raise the same, and the workers judge that
+            print(f"calling {o.kind} for {o.name} (in {o.function} line {o.line}) raised, not in the compiler: "
+                  f"{o.error.splitlines()[0] if o.error else ''}")
+    for u in undiscovered:
+        print(f"not built ahead: {u.kind} in {u.function} line {u.line}: {u.reason}")
+    print(json.dumps(summary(outcomes, undiscovered, "ok")))
+    return BUILD_FAILED if failed else 0
 
 
 if __name__ == "__main__":
