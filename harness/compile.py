@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import channel, failures
+from harness.builds import may_build
 from harness.pool import REPO_ROOT, cache_root, worker_env
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
 
-NATIVE_MARKERS = ("load_inline", "cpp_extension", "compile_cuda_extension", "nvrtc", "NVRTC", "cupy.RawKernel",
-                  "cupy.RawModule", "RawModule", "RawKernel")
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
 
@@ -93,7 +92,7 @@ def check_syntax(source: str, filename: str) -> CompileOutcome:
 
 
 def _builds_reported(text: str) -> list[dict[str, Any]]:
-    """The JSON line harness.precompile prints last: {"builds": [...]} (absent in older output)."""
+    """The builds harness.precompile reports in the JSON line it prints last: {"builds": [...], ...}."""
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{") and '"builds"' in line:
@@ -113,7 +112,7 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     raw = path.read_bytes()
     source = raw.decode(errors="replace")
     outcome = check_syntax(source, str(path))
-    if not outcome.ok or not any(marker in source for marker in NATIVE_MARKERS):
+    if not outcome.ok or not may_build(source):
         return outcome
     entry = entry_for(raw, problem)
     if (entry / DONE).exists():

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import failures, integrity, pkb_compat, reference_cache
+from harness import failures, integrity, pkb_compat, reference_cache, requirements
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
 from harness.fingerprint import environment, hardware_key
@@ -367,7 +367,7 @@ class _Evaluation:
                 shutil.copyfile(self.ref_dir / f"in-{name}-r{rank}.pt", target)
                 paths.append(str(target))
             per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
-                              "fresh": paths[sets.count:]}
+                              "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
         self.ask(self.pool, per_rank, "timing", limits.time_s)
         self.pool.take_events()
         probability = min(1.0, self.checks.timed_checks / max(1, self.config.timing.iters))
@@ -479,8 +479,18 @@ def evaluate(
     ev = _Evaluation(problem, Path(candidate_path).resolve(), world_size, device, shape, config, checks, log_dir, gpus)
     if problem.origin == "pkb":
         # PKB's generators may leave inputs constant across trials (or the harness had to perturb them):
-        # the record says so, whatever the verdict.
-        ev.flags.extend(pkb_compat.input_flags(problem, shape, world_size))
+        # the record says which inputs, and why, whatever the verdict.
+        report = pkb_compat.input_report(problem, shape, world_size)
+        ev.flags.extend(sorted(report.flags()))
+        ev.evidence["inputs"] = report.as_dict()
+    # What this machine cannot run (a CUDA candidate on a CPU-only run, a missing package): nobody's
+    # failure, said at once in one line, never charged to the model.
+    issue = requirements.environment_issue(problem, ev.path, device)
+    if issue:
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment")  # type: ignore[arg-type]
+        ev.evidence["environment_issue"] = issue
+        shutil.rmtree(ev.folder, ignore_errors=True)
+        return ev.result()
     phase, started = "compile", time.perf_counter()
     try:
         if not ev.compile():

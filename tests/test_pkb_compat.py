@@ -377,17 +377,11 @@ def test_dicts_nested_in_inputs_are_planned():
     assert pkb_inputs.where_text((0, "w")) == "#0['w']"
 
 
-# -- what the trusted-judge rework (the lead's half of issue 17) must make pass ---------------------------
-JUDGE_REWORK = pytest.mark.xfail(strict=True, reason="dict outputs, sparse inputs and PKB's in-place rule come with "
-                                 "the judge rework of issue 17; remove this mark when they pass")
-
-
-@JUDGE_REWORK
+# -- the oddities of the real checkout, judged: dict outputs, sparse inputs, PKB's in-place rule ------------
 @pytest.mark.parametrize("name", ["2_moment_dict", "3_sparse_apply", "4_inplace_all_reduce"])
 def test_oddity_references_are_correct_against_themselves(odd, name):
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"))
-    try:
-        result = evaluate(odd[name], odd[name].path, world_size=2, device="cpu", shape="small", config=config)
-    except Exception as exc:  # today a dict output crashes evaluate: that is the failure
-        pytest.fail(f"evaluate raised {type(exc).__name__}: {exc}")
+    result = evaluate(odd[name], odd[name].path, world_size=2, device="cpu", shape="small", config=config)
     assert result.verdict == "correct", result.failure
+    rule = "pkb" if name == "4_inplace_all_reduce" else "strict"
+    assert list(result.integrity["rules"]) == [rule]

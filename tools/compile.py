@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.compile import NATIVE_MARKERS, compile_candidate
+from harness.builds import BUILD_MARKERS
+from harness.compile import compile_candidate
 from tools.base import ToolContext, ToolOutcome, bounded
 from tools.render import Block
 
@@ -29,7 +30,7 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
             blocks.append(Block(outcome.evidence.strip(), "both", title=f"{label}:"))
         return ToolOutcome("compile", bounded(ctx, blocks), data, 0.0, candidate)
     if not outcome.native:
-        markers = ", ".join(NATIVE_MARKERS)
+        markers = ", ".join(BUILD_MARKERS)
         text = ("compile: OK. Python syntax is valid. No native build was found in the file (none of: "
                 f"{markers}), so nothing else was compiled; `check` runs it.")
         return ToolOutcome("compile", bounded(ctx, [text]), data, 0.0, candidate)

@@ -110,7 +110,8 @@ class ReferenceRun:
     def time(self, config: TimingConfig, seed: int) -> TimingStats:
         """The reference timed with the candidate's protocol (no outputs kept: they were saved already)."""
         assert self.pool is not None and self.sets is not None
-        self._ask({"op": "time_begin", "problem": self.problem.loader_spec, "fresh": False}, "timing set-up")
+        self._ask({"op": "time_begin", "problem": self.problem.loader_spec, "fresh": False,
+                   "clone_inputs": self.sets.mutated}, "timing set-up")
         deadline = time.monotonic() + self.limit_s
 
         def ask(pool: RankPool, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:

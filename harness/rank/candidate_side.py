@@ -156,5 +156,6 @@ def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         return _fail(failures.INFRA_ERROR, f"rank {worker.rank}: timing inputs could not be loaded: {exc}")
     worker.sync()
-    worker.timing = TimedSession(fn, sets, fresh, worker.device, plain=transport.describe_unsupported)
+    worker.timing = TimedSession(fn, sets, fresh, worker.device, plain=transport.describe_unsupported,
+                                 clone=bool(req.get("clone_inputs")))
     return {"ok": True, "input_sets": len(sets), "modules": len(sys.modules)}

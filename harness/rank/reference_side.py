@@ -168,7 +168,7 @@ def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     problem = worker.problem(req["problem"])
     sets, fresh = worker.timing_sets
     worker.timing = TimedSession(problem.solution, sets, fresh if req.get("fresh") else [], worker.device,
-                                 plain=lambda out: None)
+                                 plain=lambda out: None, clone=bool(req.get("clone_inputs")))
     return {"ok": True, "input_sets": len(sets)}
 
 

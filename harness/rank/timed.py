@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from harness.rank import transport
-from harness.rank.calls import SM_CYCLES_PER_S, fingerprint, snapshot
+from harness.rank.calls import SM_CYCLES_PER_S, clone_tree, fingerprint, snapshot
 
 _clock = time.perf_counter
 _Event = torch.cuda.Event
@@ -78,8 +78,12 @@ class TimedSession:
     """The input sets of one timing phase on this rank and the call under test."""
 
     def __init__(self, fn: Callable[..., Any], sets: list[tuple], fresh: list[tuple], device: torch.device,
-                 plain: Callable[[Any], str | None]) -> None:
+                 plain: Callable[[Any], str | None], clone: bool = False) -> None:
+        """`clone`: give every call a fresh copy of its input set (made before the flush, outside the timed
+        window), for problems whose reference modifies its inputs: without it each call would see the
+        previous call's leftovers, and no output could be checked."""
         self.fn = fn
+        self.clone = clone
         self.sets = sets
         self.fresh = fresh
         self.device = device
@@ -114,6 +118,8 @@ class TimedSession:
             raise ValueError(f"unknown timing call kind {kind!r}")
         written = self._hand_over(req.get("keep_previous"))
         args = self._inputs(kind, index)
+        if self.clone:
+            args = clone_tree(args)
         reply: dict[str, Any] = {"ok": True, "kept_bytes": written}
         if kind == "host":
             device_barrier(self.device, self.token)
