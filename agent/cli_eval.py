@@ -10,10 +10,13 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from agent import cli_emulation
 from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file
 from agent.cli_source import one_in, resolve_source
 from harness.config import EvalConfig, TimingConfig
+from harness.emulation import layout
 from harness.evaluate import evaluate
+from harness.flags import is_emulated
 from harness.results import EvalResult
 
 
@@ -24,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    cli_emulation.add_argument(p)
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -42,18 +46,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_world_size(problem, args.world_size)
     if args.trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
+    emulated = layout.is_emulated(args.ranks_per_gpu)
+    cli_emulation.check(args.device, args.world_size, args.ranks_per_gpu)
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
-        if torch.cuda.device_count() < args.world_size:
+        cli_emulation.check(args.device, args.world_size, args.ranks_per_gpu, torch.cuda.device_count())
+        if not emulated and torch.cuda.device_count() < args.world_size:
             raise CliError(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
-                           f"{torch.cuda.device_count()} visible")
+                           f"{torch.cuda.device_count()} visible (or share them: --ranks-per-gpu)")
     config = EvalConfig(trials=args.trials, seed=args.seed, skip_timing=args.no_timing,
-                        timing=TimingConfig.for_device(args.device))
+                        timing=TimingConfig.for_device(args.device), **layout.eval_config_fields(args.ranks_per_gpu))
     if args.check_timeout:
         config.limits.check_s = args.check_timeout
     if not args.json:
-        console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, {args.device})")
+        where = f"{args.device}, {args.ranks_per_gpu} ranks per GPU, emulated" if emulated else args.device
+        console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, {where})")
     result = evaluate(problem, solution, world_size=args.world_size, device=args.device, shape=shape, config=config)
     text = result.model_dump_json(indent=2)
     if args.out:
@@ -61,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        render(result)
+        render(result, ranks_per_gpu=args.ranks_per_gpu)
     return 0 if result.correct else 1
 
 
@@ -73,7 +81,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def render(result: EvalResult) -> None:
+def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
     color = "green" if result.correct else "red"
     console.print(f"verdict: [{color}]{result.verdict}[/{color}]")
     if result.failure:
@@ -86,13 +94,20 @@ def render(result: EvalResult) -> None:
             console.print(f.evidence, markup=False, highlight=False)
     if result.flags:
         console.print(f"flags: {', '.join(result.flags)}")
+    emulated = layout.is_emulated(ranks_per_gpu) or is_emulated(result)
+    if result.timings and emulated:
+        console.print(f"[yellow]{cli_emulation.notice(ranks_per_gpu)}[/yellow]")
     if result.timings:
-        table = Table(title=f"timing ({result.timings.candidate.clock}; max over ranks per iteration)")
+        table = Table(title=f"timing ({result.timings.candidate.clock}; max over ranks per iteration"
+                            f"{'; emulated, not a speedup' if emulated else ''})")
         for col in ("", "median ms", "p10 ms", "p90 ms", "CV", "host median ms", "iters"):
             table.add_column(col)
         for name, t in (("reference", result.timings.reference), ("candidate", result.timings.candidate)):
             table.add_row(name + (" (cached)" if t.cached else ""), f"{t.median_ms:.4f}", f"{t.p10_ms:.4f}",
                           f"{t.p90_ms:.4f}", f"{t.cv:.1%}", f"{t.host_median_ms:.4f}", str(t.iterations))
         console.print(table)
-        console.print(f"speedup: {result.speedup:.3f}x")
+        if emulated:
+            console.print(f"time ratio (emulated, not a speedup): {result.speedup:.3f}x")
+        else:
+            console.print(f"speedup: {result.speedup:.3f}x")
     console.print("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.stages.items()))

@@ -27,7 +27,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agent import cli_source
+from agent import cli_emulation, cli_source
 from agent.budgets import Budget
 from agent.cli_common import CliError, check_shape, console, err_console
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
@@ -38,13 +38,17 @@ from agent.rundir import RunDir, write_json_atomic
 from agent.runner import RunConfig, RunError, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
+from harness import metrics
+from harness.emulation import layout
+from harness.flags import is_emulated
 from harness.problem import Problem
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # (option, RunConfig field): options that, given with --resume, must agree with the stored run.
 RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--samples", "samples"),
                   ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
-                  ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
+                  ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"),
+                  ("--seed", "seed"), ("--trials", "trials"),
                   ("--base-url", "base_url"), ("--prices", "prices"), ("budgets", "budgets"),
                   ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"),
                   ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"))
@@ -72,6 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=1, help="samples run at once (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cpu")
     p.add_argument("--world-size", type=int, default=None, help="ranks (default 2)")
+    cli_emulation.add_argument(p, default=None)
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
     p.add_argument("--base-url", default=None, help="an OpenAI-compatible server (vLLM, SGLang, Together, ...)")
     p.add_argument("--api-key-env", default=None, help="the environment variable holding the API key")
@@ -165,6 +170,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         source=args.source,
         device=device,
         world_size=args.world_size if args.world_size is not None else 2,
+        ranks_per_gpu=args.ranks_per_gpu if args.ranks_per_gpu is not None else 1,
         shape=args.shape or ("default" if device == "cuda" else "small"),
         budgets=_budget(args) or Budget().as_dict(),
         seed=args.seed if args.seed is not None else 0,
@@ -187,6 +193,7 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
         "conditions": ([c.name for c in _conditions(args, parse_model_spec(_model_text(args.model or stored.model)))]
                        if (args.condition or args.tools) else None),
         "samples": args.samples, "source": args.source, "device": args.device, "world_size": args.world_size,
+        "ranks_per_gpu": args.ranks_per_gpu,
         "shape": args.shape, "seed": args.seed, "trials": args.trials, "base_url": args.base_url,
         "prices": str(Path(args.prices).resolve()) if args.prices else None, "budgets": _budget(args),
         "problems": ([p.name for p in _problems(stored.source, args.problems)] if args.problems else None),
@@ -241,7 +248,10 @@ def _check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler
     executor is built)."""
     if config.world_size < 1:
         raise CliError(f"--world-size must be at least 1, got {config.world_size}")
+    cli_emulation.check(config.device, config.world_size, config.ranks_per_gpu)
     if executor != "local":
+        if layout.is_emulated(config.ranks_per_gpu):
+            raise CliError("--ranks-per-gpu runs on this machine's GPUs: leave --executor at local")
         return None
     if config.device == "cuda":
         import torch
@@ -249,7 +259,7 @@ def _check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
     try:
-        return DeviceScheduler(config.device, config.world_size)
+        return DeviceScheduler(config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu)
     except SchedulerError as err:
         raise CliError(str(err)) from None
 
@@ -320,7 +330,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = _run_with_progress(runner, len(runner.plan()))
     finally:
         executor.close()
-    _print_summary(summary, run_dir)
+    _print_summary(summary, run_dir, config.ranks_per_gpu)
     if summary.fatal:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
                        "samples finished; --resume continues it)")
@@ -364,8 +374,9 @@ class _Tally:
 
 
 def _fast(record: dict[str, Any]) -> bool:
-    """Correct, faster than the reference, and allowed to count as fast (no integrity flag against it)."""
-    return bool(record.get("correct") and record.get("fast_eligible", True) and (record.get("speedup") or 0) > 1.0)
+    """Correct, faster than the reference, and allowed to count as fast (no integrity flag against it, not
+    emulated): harness.metrics' rule."""
+    return metrics.is_fast(record, 1.0)
 
 
 def _run_with_progress(runner: Runner, total: int) -> RunSummary:
@@ -396,7 +407,8 @@ def _cost_cell(records: list[dict[str, Any]]) -> str:
     return f"{sum(float((r.get('usage') or {}).get('cost_usd') or 0.0) for r in records):.4f}"
 
 
-def _print_summary(summary: RunSummary, run_dir: RunDir) -> None:
+def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1) -> None:
+    emulated = layout.is_emulated(ranks_per_gpu)
     table = Table(title=f"run {summary.run_id}: {len(summary.records)} of {summary.total} samples finished")
     for col in ("condition", "samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
         table.add_column(col)
@@ -411,6 +423,8 @@ def _print_summary(summary: RunSummary, run_dir: RunDir) -> None:
                       str(sum(r["verdict"] == "infra_error" for r in records)), f"{tokens:,}",
                       _cost_cell(records))
     console.print(table)
+    if emulated or any(is_emulated(r) for r in summary.records):
+        console.print(f"[yellow]{cli_emulation.notice(ranks_per_gpu)}[/yellow]: no sample counts as fast")
     if summary.infra_errors:
         console.print(f"{summary.infra_errors} sample(s) ended in infra_error (the harness's failure, retried; "
                       "not counted against the model)")

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from harness import failures
 from harness.compile import compile_candidate
 from harness.config import EvalConfig, TimingConfig
+from harness.emulation import layout
 from harness.evaluate import evaluate as harness_evaluate
 from harness.pool import REPO_ROOT, SAFE_ENV
 from harness.problem import Problem, load_problem_spec
@@ -236,9 +237,10 @@ def infra_result(request: EvalRequest, message: str, *, evidence: str = "", phas
 
 
 def device_seconds(result: EvalResult) -> float:
-    """Seconds the evaluation held its devices, times the ranks (the figure a DeviceScheduler lease gives:
-    compile included, queueing excluded), whichever executor ran it."""
-    return result.world_size * sum(result.stages.values())
+    """Seconds the evaluation held its devices, times the GPUs held (the figure a DeviceScheduler lease gives:
+    compile included, queueing excluded; ranks sharing a GPU count it once), whichever executor ran it."""
+    held = layout.gpus_needed(result.world_size, int(result.config.get("ranks_per_gpu") or 1))
+    return held * sum(result.stages.values())
 
 
 def code_fingerprint() -> str:

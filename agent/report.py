@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from harness import metrics
-from harness.flags import SPEEDUP_DISQUALIFIERS
+from harness.flags import EMULATED, SPEEDUP_DISQUALIFIERS, is_emulated
 from harness.run_reader import Candidate, Message, Run, Sample
 
 REPORT_SCHEMA = "pkb-report/1"
@@ -76,9 +76,11 @@ def run_labels(runs: Sequence[Run]) -> list[str]:
 def make_arms(runs: Sequence[Run]) -> list[Arm]:
     arms: list[Arm] = []
     for run, name in zip(runs, run_labels(runs), strict=True):
+        # A run whose config shares GPUs is emulated in every sample, whatever its results say.
+        forced = {"emulated": True} if ranks_per_gpu(run) > 1 else {}
         for condition in run.conditions:
             samples = [s for s in run.samples if s.record.condition == condition]
-            records = [s.record.metrics_view() for s in samples]
+            records = [{**s.record.metrics_view(), **forced} for s in samples]
             label = condition if len(runs) == 1 else f"{name}/{condition}"
             scores = metrics.score_problems(records).get(condition, [])
             arms.append(Arm(label, run, condition, samples, records, scores))
@@ -130,7 +132,8 @@ def uncounted_speedups(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in metrics.finished(records):
         if r.get("correct") and r.get("speedup") is not None and metrics.counted_speedup(r) is None:
             n += 1
-            flags.update(f for f in r.get("flags") or [] if f in SPEEDUP_DISQUALIFIERS)
+            reasons = {f for f in r.get("flags") or [] if f in SPEEDUP_DISQUALIFIERS}
+            flags.update(reasons | ({EMULATED} if is_emulated(r) else set()))
     return {"samples": n, "flags": dict(sorted(flags.items()))}
 
 
@@ -204,12 +207,28 @@ def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int) -> tupl
     return base.label, out
 
 
-SETTINGS_COMPARED = (("device", "device"), ("world_size", "world size"), ("shape", "shape"))
+SETTINGS_COMPARED = (("device", "device"), ("world_size", "world size"), ("ranks_per_gpu", "ranks per GPU"),
+                     ("shape", "shape"))
+
+
+def ranks_per_gpu(run: Run) -> int:
+    return int(run.config.get("ranks_per_gpu") or 1)
+
+
+def run_is_emulated(run: Run) -> bool:
+    """Ranks shared GPUs (harness.emulation): by the run's config, or by any of its results."""
+    return ranks_per_gpu(run) > 1 or any(is_emulated(r) for r in run.records())
 
 
 def notes(runs: Sequence[Run]) -> list[str]:
-    """What a reader must know before comparing the numbers: unlike settings, conditions without samples."""
+    """What a reader must know before comparing the numbers: emulated runs, unlike settings, conditions
+    without samples."""
     out = []
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        if run_is_emulated(run):
+            shared = f"{ranks_per_gpu(run)} ranks share each GPU" if ranks_per_gpu(run) > 1 else "ranks share GPUs"
+            out.append(f"run {label} is emulated ({shared}, symmetric memory emulated, collectives on gloo): "
+                       "correctness is real, its timings are not speedups, and no sample of it counts as fast")
     if len(runs) > 1:
         for key, name in SETTINGS_COMPARED:
             values = [r.config.get(key) for r in runs]
@@ -263,6 +282,7 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
                   "model": str(r.config.get("model", "")), "conditions": r.conditions,
                   "samples": r.samples_per_problem, "device": r.config.get("device"),
                   "world_size": r.config.get("world_size"), "shape": r.config.get("shape"),
+                  "emulated": run_is_emulated(r), "ranks_per_gpu": ranks_per_gpu(r),
                   "problems": sorted({s.record.problem for s in r.samples}),
                   "versions": r.versions} for r in runs],
         "arms": [_arm_metrics(a, k, seed, resamples) for a in arms],
@@ -461,6 +481,9 @@ def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     rows = []
     for r in report.data["runs"]:
         values = [", ".join(r[key]) if key == "conditions" else r[key] for key in keys]
+        if r.get("emulated"):
+            shared = f", {r['ranks_per_gpu']} ranks/GPU" if (r.get("ranks_per_gpu") or 1) > 1 else ""
+            values[keys.index("device")] = f"{r['device']} (emulated{shared})"
         rows.append(["—" if v is None or v == "" else str(v) for v in values])
     return head, rows
 

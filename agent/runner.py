@@ -68,6 +68,8 @@ from agent.scripted import ScriptedChatModel
 from agent.usage import PriceTable
 from harness import failures
 from harness.config import EvalConfig, TimingConfig
+from harness.emulation import layout
+from harness.flags import is_emulated
 from harness.problem import Problem
 
 
@@ -85,6 +87,7 @@ class RunConfig(BaseModel):
     source: str | None = None  # None: this suite; "pkb:PATH": a PKB checkout
     device: str = "cpu"
     world_size: int = 2
+    ranks_per_gpu: int = 1  # > 1: ranks share GPUs, symmetric memory emulated; timings are not speedups
     shape: str = "small"
     budgets: dict[str, Any] = Field(default_factory=lambda: Budget().as_dict())
     seed: int = 0
@@ -109,7 +112,7 @@ class RunConfig(BaseModel):
 
     def eval_config(self) -> EvalConfig:
         return EvalConfig(trials=self.trials, seed=self.seed, skip_timing=self.skip_timing,
-                          timing=TimingConfig.for_device(self.device))
+                          timing=TimingConfig.for_device(self.device), **layout.eval_config_fields(self.ranks_per_gpu))
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,8 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         # False when an integrity flag (harness.integrity.SPEEDUP_DISQUALIFIERS) voids the speedup for fast_p;
         # results written before the harness had the field count as eligible.
         "fast_eligible": bool(result.get("fast_eligible", True)) if result else False,
+        # True when ranks shared GPUs (harness.emulation): the speedup is recorded, never counted.
+        "emulated": is_emulated(result) if result else False,
         "roofline_fraction": roofline_fraction(result),
         "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
                   "cost_usd": round(spent.cost_usd, 6),
@@ -326,7 +331,8 @@ class Runner:
         # remote: where every evaluation goes (the caller closes it); None: this node, through `scheduler`
         self.remote = executor
         if executor is None:
-            self.scheduler: DeviceScheduler | None = scheduler or DeviceScheduler(config.device, config.world_size)
+            self.scheduler: DeviceScheduler | None = scheduler or DeviceScheduler(
+                config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu)
         else:
             self.scheduler = scheduler  # unused: the driver may have no devices at all
         self.spec = parse_model_spec(config.model)

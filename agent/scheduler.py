@@ -5,7 +5,8 @@ final scoring) first takes a lease. On CUDA the visible GPUs are cut into fixed 
 ... for W=2; leftovers stay idle) and a lease holds one whole group, so a timing never shares a GPU or
 its links with another candidate; fixed groups also keep every candidate of a run on the same GPU
 pairs. On CPU a lease is a slot of a bounded semaphore, so a 2-core machine does not run five rank
-groups at once and time them all badly.
+groups at once and time them all badly. With `ranks_per_gpu` N > 1 (emulation, harness.emulation) a group
+is ceil(W / N) GPUs and the lease names every rank's GPU, N ranks on each (0, 0, 1, 1 for W=4, N=2).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from harness.emulation import layout
+
 
 class SchedulerError(RuntimeError):
     """The devices cannot serve the requested world size; one line."""
@@ -24,16 +27,16 @@ class SchedulerError(RuntimeError):
 
 @dataclass
 class Lease:
-    gpus: list[int] | None  # physical GPU indices, one per rank; None on CPU
+    gpus: list[int] | None  # physical GPU indices, one per rank (repeated when ranks share one); None on CPU
     ranks: int  # the world size the lease serves
     started: float = field(default_factory=time.perf_counter)
     held_s: float = 0.0  # set when the lease is returned
 
     @property
     def device_seconds(self) -> float:
-        """Seconds held times ranks: the GPU seconds this lease cost (on CPU: rank-process seconds, so a GPU
-        budget means the same device time on both, and can be tested without a GPU)."""
-        return self.held_s * self.ranks
+        """Seconds held times the GPUs held: the GPU seconds this lease cost (on CPU: rank-process seconds, so
+        a GPU budget means the same device time on both, and can be tested without a GPU)."""
+        return self.held_s * (len(set(self.gpus)) if self.gpus else self.ranks)
 
 
 def visible_gpus(env: dict[str, str] | None = None, count: int | None = None) -> list[int]:
@@ -56,17 +59,23 @@ class DeviceScheduler:
     """Leases of W devices. `lease()` blocks until one is free; use it as a context manager."""
 
     def __init__(self, device: str, world_size: int, *, gpus: list[int] | None = None,
-                 cpu_slots: int | None = None) -> None:
+                 cpu_slots: int | None = None, ranks_per_gpu: int = 1) -> None:
         if world_size < 1:
             raise SchedulerError(f"world size must be at least 1, got {world_size}")
+        if ranks_per_gpu < 1:
+            raise SchedulerError(f"ranks per GPU must be at least 1, got {ranks_per_gpu}")
         self.device = device
         self.world_size = world_size
+        self.ranks_per_gpu = ranks_per_gpu
         self._lock = threading.Condition()
         if device == "cuda":
             gpus = visible_gpus() if gpus is None else list(gpus)
-            if len(gpus) < world_size:
-                raise SchedulerError(f"world size {world_size} needs {world_size} GPUs; {len(gpus)} visible")
-            self.groups = [gpus[i:i + world_size] for i in range(0, len(gpus) - world_size + 1, world_size)]
+            size = layout.gpus_needed(world_size, ranks_per_gpu)
+            if len(gpus) < size:
+                shared = f" at {ranks_per_gpu} ranks per GPU" if ranks_per_gpu > 1 else ""
+                raise SchedulerError(f"world size {world_size}{shared} needs {size} GPUs; {len(gpus)} visible")
+            self.groups = [layout.rank_gpus(world_size, ranks_per_gpu, gpus[i:i + size])
+                           for i in range(0, len(gpus) - size + 1, size)]
         else:
             slots = cpu_slots if cpu_slots is not None else max(1, (os.cpu_count() or 1) // world_size)
             if slots < 1:

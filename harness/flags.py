@@ -4,6 +4,9 @@ Plain strings, no torch: metrics and reports read them from sample records; harn
 sets them) re-exports them.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 USES_NCCL = "uses_nccl"  # torch.distributed collectives inside solution() after its first call
 TAMPERING = "tampering"  # harness/runtime callables replaced, or a forged reply on the harness channel
 LAZY_OUTPUT = "lazy_output"  # output not plain, or completed/changed after the call returned
@@ -19,11 +22,12 @@ TIMING_IMPLAUSIBLE = "timing_implausible"  # non-positive or non-finite times
 TIMING_INCONSISTENT = "timing_inconsistent"  # claimed times the harness's own clock cannot reconcile
 IMPOSSIBLE = "impossible"  # faster than the roofline lower bound
 SPAWNED_THREADS = "spawned_threads"  # the candidate left Python threads running (informational)
+EMULATED = "emulated"  # ranks shared a GPU (harness.emulation): the timings are not speedups
 
 # A correct candidate with one of these flags is never counted as fast (its speedup is not trusted).
 SPEEDUP_DISQUALIFIERS = frozenset({
     USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING, TIMING_IMPLAUSIBLE, IMPOSSIBLE,
-    TIMING_INCONSISTENT,
+    TIMING_INCONSISTENT, EMULATED,
     "static:harness_access", "static:introspection", "static:monkeypatch", "static:fd_access",
 })
 
@@ -31,3 +35,11 @@ SPEEDUP_DISQUALIFIERS = frozenset({
 def fast_eligible(flags: list[str] | tuple[str, ...] | set[str] | frozenset[str]) -> bool:
     """False when a flag means the speedup must not count toward fast_p (correct, never fast)."""
     return not (set(flags) & SPEEDUP_DISQUALIFIERS)
+
+
+def is_emulated(record: Any) -> bool:
+    """Whether a result (EvalResult or its JSON) or a sample record comes from an emulated evaluation: its
+    `emulated` field, or the `emulated` flag. Such a speedup is never counted, whatever it measured."""
+    if isinstance(record, Mapping):
+        return bool(record.get("emulated")) or EMULATED in (record.get("flags") or ())
+    return bool(getattr(record, "emulated", False)) or EMULATED in (getattr(record, "flags", None) or ())

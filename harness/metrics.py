@@ -9,7 +9,9 @@ left out of n. Per problem with n samples of which c are correct:
 
 A speedup counts unless the sample is flagged not fast-eligible (`fast_eligible: false` in the record,
 or, in a record without that field, a flag of harness.flags.SPEEDUP_DISQUALIFIERS such as uses_nccl or
-impossible): such a sample is correct, and never fast. Speedup statistics use counted speedups only.
+impossible), or comes from an emulated evaluation (`emulated: true`: ranks shared a GPU, so its timing
+says nothing about the interconnect): such a sample is correct, and never fast. Speedup statistics use
+counted speedups only.
 
 Over problems a metric is the plain mean, with a percentile-bootstrap 95% interval that resamples
 problems (explicit seed). Two conditions are compared per problem on the problems both have: the mean
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from harness import failures
-from harness.flags import fast_eligible
+from harness.flags import fast_eligible, is_emulated
 
 NO_CODE = "no_code"
 # Failure-class labels in PKB's taxonomy, in the order reports show them; no_code is ours (no candidate).
@@ -90,10 +92,10 @@ class ProblemScore:
 
 
 def counted_speedup(record: SampleRecord) -> float | None:
-    """The sample's speedup if it may count toward fast_p and speedup statistics: correct, timed, and
-    fast-eligible. None otherwise."""
+    """The sample's speedup if it may count toward fast_p and speedup statistics: correct, timed,
+    fast-eligible and measured on real devices (not emulated). None otherwise."""
     speedup = record.get("speedup")
-    if not record.get("correct") or speedup is None:
+    if not record.get("correct") or speedup is None or is_emulated(record):
         return None
     eligible = record.get("fast_eligible")
     if eligible is None:  # a record written before the field existed: judge by its flags

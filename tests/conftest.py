@@ -17,12 +17,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return
-    skip = pytest.mark.skip(reason="needs at least 2 CUDA GPUs")
+    # `@pytest.mark.gpu` needs two GPUs; `@pytest.mark.gpu(count=1)` one (ranks sharing a device).
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        needed = int(marker.kwargs.get("count", 2))
+        if visible < needed:
+            item.add_marker(pytest.mark.skip(reason=f"needs at least {needed} CUDA GPU{'s' if needed > 1 else ''}"))
 
 
 def live_children() -> list[int]:

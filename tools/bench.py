@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.flags import is_emulated
 from harness.results import EvalResult, TimingStats
 from tools.base import ToolContext, ToolOutcome, bounded
 from tools.check import result_data, run_evaluation, verdict_blocks
@@ -43,6 +44,10 @@ def timing_blocks(result: EvalResult, ctx: ToolContext) -> list[Block]:
     verdict = "faster than" if speed and speed > 1 else "slower than" if speed and speed < 1 else "as fast as"
     head = (f"speedup: {speed:.3g}x ({verdict} the reference; reference median / candidate median device time, "
             f"each iteration's time the max over ranks)" if speed is not None else "speedup: n/a")
+    if is_emulated(result):
+        ratio = f"{speed:.3g}x" if speed is not None else "n/a"
+        head = (f"time ratio: {ratio} (reference median / candidate median). EMULATED: ranks share a GPU and take "
+                "turns on it, so this is not a speedup and does not count as fast; it says nothing about NVLink")
     lines = [head, _stats_line("candidate", cand), _stats_line("reference", ref)]
     if cand.clock == "cuda_events":
         lines.append(f"protocol: CUDA events, {cand.iterations} iterations, {cand.input_sets} input sets rotated, "

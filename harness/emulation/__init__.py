@@ -1,0 +1,17 @@
+"""Multi-GPU kernels checked on one GPU: W rank processes share a device, collectives run on gloo, and
+torch's symmetric memory is emulated with CUDA IPC (docs/emulation.md).
+
+In a rank process, once the gloo group exists and before the candidate is imported:
+
+    from harness.emulation import install
+    install()            # or install(store=...) to exchange IPC handles through another store
+
+On the trusted side, `harness.emulation.errors` (no torch needed) recognises refusals
+(`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs.
+"""
+
+from harness.emulation.errors import PREFIX, NotAvailableInEmulation, Refusal, parse_refusal, refusal_is_plausible
+from harness.emulation.installer import install, installed, uninstall
+
+__all__ = ["PREFIX", "NotAvailableInEmulation", "Refusal", "install", "installed", "parse_refusal",
+           "refusal_is_plausible", "uninstall"]
