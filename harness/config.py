@@ -86,6 +86,8 @@ class EvalConfig(BaseModel):
     integrity: IntegrityChecks = Field(default_factory=IntegrityChecks)
     skip_timing: bool = False
     use_reference_cache: bool = True
+    ranks_per_gpu: int = Field(1, ge=1, description="above 1, ranks share GPUs and symmetric memory is emulated "
+                                                    "(harness/emulation): timings are not speedups")
 
     def timing_key(self) -> str:
         return hashlib.sha256(json.dumps(self.timing.model_dump(), sort_keys=True).encode()).hexdigest()[:12]

@@ -237,8 +237,8 @@ class RankPool:
                  env: dict[str, str] | None = None, keep_logs: Path | None = None,
                  gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None,
                  role: str = "trusted", extensions: Path | None = None, output_cap: int = OUTPUT_CAP,
-                 fsize_limit: int = 16 << 30, nofile_limit: int = 16384, emulate: int = 1,
-                 sandbox: bool = True, visible: tuple[Path, ...] = ()) -> None:
+                 fsize_limit: int = 16 << 30, nofile_limit: int = 16384,
+                 sandbox: bool = True, visible: tuple[Path, ...] = (), ranks_per_gpu: int = 1) -> None:
         """`gpus`: physical GPU indices, one per rank (default: 0..W-1), exported as CUDA_VISIBLE_DEVICES
         so rank r sees its GPU as cuda:r and two pools on disjoint GPU sets never collide.
         `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank.
@@ -246,7 +246,9 @@ class RankPool:
         `extensions`: the folder mounted as the sandbox's torch extension folder (candidate pools).
         `sandbox=False` runs a candidate pool without its sandbox (Nsight Compute needs the GPU's
         performance counters, which a user namespace cannot reach); the record says so.
-        `visible`: folders a sandbox must see (read-only) even under /tmp: the candidate's, a checkout."""
+        `visible`: folders a sandbox must see (read-only) even under /tmp: the candidate's, a checkout.
+        `ranks_per_gpu` > 1: ranks share GPUs (gpus may then repeat), join gloo, and a candidate pool's
+        ranks get harness.emulation's symmetric memory."""
         if role not in ("trusted", "candidate"):
             raise ValueError(f"unknown pool role {role!r}")
         self.world_size = world_size
@@ -254,8 +256,9 @@ class RankPool:
         self.start_timeout = start_timeout
         self.extra_env = env or {}
         self.keep_logs = keep_logs
-        if gpus is not None and len(gpus) * max(1, emulate) < world_size:
-            raise ValueError(f"{world_size} ranks need {world_size} GPUs, got {gpus}")
+        if gpus is not None and len(gpus) != world_size:
+            raise ValueError(f"{world_size} ranks need one GPU entry each, got {gpus}")
+        self.ranks_per_gpu = ranks_per_gpu
         self.gpus = gpus
         self.rank_prefix = rank_prefix or {}
         self.role = role
@@ -309,6 +312,7 @@ class RankPool:
             (self.scratch / sub).mkdir(exist_ok=True)
         child_fds: list[int] = []
         entries = []
+        visible_gpus, device_index = self._placement()
         for rank in range(self.world_size):
             req_r, req_w = os.pipe()
             rep_r, rep_w = os.pipe()
@@ -318,7 +322,8 @@ class RankPool:
             os.set_blocking(log_r, False)
             child_fds += [req_r, rep_w, ev_w, log_w]
             entries.append({"rank": rank, "request_fd": req_r, "reply_fd": rep_w, "events_fd": ev_w,
-                            "log_fd": log_w, "prefix": self.rank_prefix.get(rank, [])})
+                            "log_fd": log_w, "prefix": self.rank_prefix.get(rank, []),
+                            "args": ["--device-index", str(device_index[rank])] if device_index else []})
             self.ranks.append(_Rank(rank, Connection(req_w, readable=False), Connection(rep_r, writable=False),
                                     ev_r, log_r))
         status_r, status_w = os.pipe()
@@ -327,12 +332,13 @@ class RankPool:
         self._status_fd = status_r
         spec = {"ranks": entries, "status_fd": status_w, "limits": self.limits,
                 "worker_args": ["--world-size", str(self.world_size), "--device", self.device,
-                                "--init-file", str(self.scratch / "rendezvous"), "--role", self.role]}
+                                "--init-file", str(self.scratch / "rendezvous"), "--role", self.role,
+                                *(["--emulate"] if self.ranks_per_gpu > 1 else [])]}
         command = [sys.executable, "-m", "harness.rank.launcher", json.dumps(spec)]
         env = worker_env(self.device, self.extra_env)
         env[POOL_MARKER] = self._marker.split("=", 1)[1]
-        if self.device == "cuda" and self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
+        if visible_gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus
         if self.role == "candidate":
             env = clean_environment(env, self.scratch)
             if self.sandboxed:
@@ -352,6 +358,27 @@ class RankPool:
         for fd in child_fds:
             os.close(fd)
         return self
+
+    def _placement(self) -> tuple[str | None, list[int]]:
+        """(CUDA_VISIBLE_DEVICES for the pool, each rank's device index under it). Physical GPUs one per
+        rank (`gpus`, which may repeat when ranks share GPUs), or the visible ones in order."""
+        if self.device != "cuda":
+            return None, []
+        from harness.emulation import layout
+
+        per_rank = self.gpus
+        if per_rank is None:
+            if self.ranks_per_gpu <= 1:
+                return None, []  # rank r uses cuda:r (or r modulo the visible GPUs)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+            else:
+                import torch
+
+                ids = list(range(torch.cuda.device_count()))
+            per_rank = layout.rank_gpus(self.world_size, self.ranks_per_gpu, ids)
+        return layout.visible_devices(list(per_rank))
 
     def wait_ready(self) -> RankPool:
         try:

@@ -129,6 +129,8 @@ class EvalResult(BaseModel):
     fast_eligible: bool = Field(
         True, description="False when a flag (harness.integrity.SPEEDUP_DISQUALIFIERS: uses_nccl, impossible, "
                           "input_caching, ...) means the speedup must not count toward fast_p")
+    emulated: bool = Field(False, description="ranks shared GPUs with symmetric memory emulated: the timings "
+                                              "are not speedups and never count as fast")
     integrity: dict[str, Any] = Field(
         default_factory=dict, description="evidence behind the integrity flags: the secret input salt, "
                                           "static findings, collectives inside candidate calls, notes")

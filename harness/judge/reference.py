@@ -47,6 +47,7 @@ class ReferenceRun:
     limit_s: float
     gpus: list[int] | None = None
     start_s: float = 120.0
+    ranks_per_gpu: int = 1
     pool: RankPool | None = None
     trials: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # trial -> rank -> record
     trial_seconds: float = 0.0  # the median trial's time on the slowest rank (the reference's own call)
@@ -54,7 +55,8 @@ class ReferenceRun:
     groups: list[list[int]] = field(default_factory=list)
 
     def launch(self) -> ReferenceRun:
-        self.pool = RankPool(self.world_size, self.device, start_timeout=self.start_s, gpus=self.gpus).launch()
+        self.pool = RankPool(self.world_size, self.device, start_timeout=self.start_s, gpus=self.gpus,
+                             ranks_per_gpu=self.ranks_per_gpu).launch()
         return self
 
     def wait_ready(self) -> None:

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         proc = subprocess.Popen(
             [*entry.get("prefix", []), sys.executable, "-m", "harness.rank.worker", "--rank", str(entry["rank"]),
              "--request-fd", str(entry["request_fd"]), "--reply-fd", str(entry["reply_fd"]),
-             "--events-fd", str(entry["events_fd"]), *spec["worker_args"]],
+             "--events-fd", str(entry["events_fd"]), *entry.get("args", []), *spec["worker_args"]],
             pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"])
         procs[proc.pid] = entry["rank"]
         for fd in (*fds, entry["log_fd"]):

@@ -50,14 +50,17 @@ def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
 
 class Worker:
     def __init__(self, rank: int, world_size: int, device: str, role: str = "trusted",
-                 monitor: CollectiveMonitor | None = None, guard: Guard | None = None) -> None:
+                 monitor: CollectiveMonitor | None = None, guard: Guard | None = None,
+                 device_index: int | None = None, emulate: bool = False) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}")
         self.rank = rank
         self.world_size = world_size
         self.role = role
-        # Ranks of one emulated pool may share a GPU (rank % visible devices).
-        self.device = torch.device(f"cuda:{rank % max(torch.cuda.device_count(), 1)}" if device == "cuda" else "cpu")
+        # The pool says which visible GPU each rank uses (ranks may share one); else rank r uses cuda:r.
+        index = device_index if device_index is not None else rank % max(torch.cuda.device_count(), 1)
+        self.device = torch.device(f"cuda:{index}" if device == "cuda" else "cpu")
+        self.emulate = emulate
         self.monitor = monitor or CollectiveMonitor()
         self.guard = guard or Guard()
         self.problems: dict[str, Problem] = {}
@@ -75,7 +78,8 @@ class Worker:
         backend = "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            if torch.cuda.device_count() >= self.world_size:
+            # NCCL refuses two ranks on one GPU: ranks that share GPUs join gloo (CUDA tensors work there).
+            if not self.emulate and torch.cuda.device_count() >= self.world_size:
                 backend = "nccl"
                 kwargs["device_id"] = self.device  # eager NCCL communicator: no lazy init inside a timed call
         else:
@@ -216,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reply-fd", type=int, required=True)
     parser.add_argument("--events-fd", type=int, default=None)
     parser.add_argument("--role", choices=ROLES, default="trusted")
+    parser.add_argument("--device-index", type=int, default=None, help="this rank's GPU among the visible ones")
+    parser.add_argument("--emulate", action="store_true", help="ranks share GPUs: gloo, emulated symmetric memory")
     args = parser.parse_args(argv)
     # The harness's fallback for stacks when py-spy is missing: a dump of every thread on SIGUSR1.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -223,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     replies = Connection(args.reply_fd, readable=False, writable=True)
     monitor = CollectiveMonitor(args.events_fd)
     monitor.install()  # before the problem or any candidate binds torch.distributed's functions
-    worker = Worker(args.rank, args.world_size, args.device, args.role, monitor)
+    worker = Worker(args.rank, args.world_size, args.device, args.role, monitor, device_index=args.device_index,
+                    emulate=args.emulate)
     started = time.perf_counter()
     try:
         worker.init_process_group(args.init_file)
@@ -231,6 +238,11 @@ def main(argv: list[str] | None = None) -> None:
         replies.send({"ok": False, "rank": args.rank, "verdict": failures.INFRA_ERROR,
                       "message": f"process group init failed: {exc}", "evidence": trimmed_traceback(exc)})
         return
+    if args.emulate and args.role == "candidate" and args.device == "cuda":
+        # Before the guard's capture and before any problem or candidate: the candidate sees this API.
+        from harness.emulation import install
+
+        install()
     replies.send({"ok": True, "rank": args.rank, "op": "ready", "seconds": time.perf_counter() - started,
                   "pid": os.getpid()})
     serve(worker, requests, replies)
