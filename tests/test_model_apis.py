@@ -19,6 +19,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_openai import ChatOpenAI
 
 from agent.caching import breakpoint_positions, with_breakpoints
+from agent.cli import main as pkb
 from agent.context import ContextPolicy, ContextState, best_and_newest, prepare
 from agent.model_table import load_model_table
 from agent.providers import ProviderError, make_chat_model
@@ -393,3 +394,16 @@ def test_usage_counts_reasoning_tokens_and_prices_them_as_output():
     assert usage == Usage(100, 50, reasoning_tokens=30)
     price = load_price_table().price("openai:gpt-5.5")
     assert price is not None and price.cost(usage) == pytest.approx((100 * price.input + 50 * price.output) / 1e6)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "openai:gpt-5.5", "--temperature", "0.2"], "refuses a temperature"),
+    (["--model", "anthropic:claude-opus-4-8", "--thinking-budget", "4096"], "no token budget"),
+    (["--model", "anthropic:claude-haiku-4-5", "--reasoning-effort", "low", "--max-reply-tokens", "2000"],
+     "must exceed"),
+    (["--model", "openai:gpt-5.5", "--context-share", "1.5"], "--context-share"),
+])
+def test_pkb_run_refuses_settings_the_model_would_refuse_before_anything_runs(tmp_path, capsys, args, words):
+    code = pkb(["run", *args, "--problems", "all_reduce", "--runs-dir", str(tmp_path), "--run-id", "refused"])
+    assert code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ class AnthropicFake(FakeApi):
     min_cache_tokens: int = 1024
     written: dict[str, int] = field(default_factory=dict)  # prefix hash -> its tokens
     usages: list[dict[str, Any]] = field(default_factory=list)
+    count: Callable[[str], int] = fake_tokens  # the server's tokenizer
 
     def __post_init__(self) -> None:
         FakeApi.__init__(self)
@@ -108,8 +110,8 @@ class AnthropicFake(FakeApi):
         if turn.tool is not None:
             content.append({"type": "tool_use", "id": f"toolu_{turns:04d}", "name": turn.tool[0],
                             "input": turn.tool[1]})
-        thought = fake_tokens(content[0]["thinking"]) if thinking else 0
-        output = fake_tokens(json.dumps(content)) + turn.reasoning_tokens
+        thought = self.count(content[0]["thinking"]) if thinking else 0
+        output = self.count(json.dumps(content)) + turn.reasoning_tokens
         usage = {"input_tokens": total - read - write, "cache_read_input_tokens": read,
                  "cache_creation_input_tokens": write,
                  "cache_creation": {"ephemeral_5m_input_tokens": write, "ephemeral_1h_input_tokens": 0},
@@ -202,8 +204,7 @@ class AnthropicFake(FakeApi):
             out += [(str(message.get("role")), b) for b in _blocks(message.get("content"))]
         return out
 
-    @staticmethod
-    def _prefixes(sequence: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[int]]:
+    def _prefixes(self, sequence: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[int]]:
         hashes: list[str] = []
         cumulative: list[int] = []
         digest, total = hashlib.sha256(), 0
@@ -212,7 +213,7 @@ class AnthropicFake(FakeApi):
             text = f"{role}:{json.dumps(plain, sort_keys=True)}"
             digest.update(text.encode())
             hashes.append(digest.copy().hexdigest())
-            total += fake_tokens(text)
+            total += self.count(text)
             cumulative.append(total)
         return hashes, cumulative
 

@@ -16,6 +16,7 @@ compared with every earlier prompt; the longest common prefix, byte for byte, is
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ class OpenAIFake(FakeApi):
     reasoning_content: bool = False  # answer like vLLM / llama.cpp with a reasoning text beside the reply
     prompts: list[str] = field(default_factory=list)  # every accepted prompt, serialised
     usages: list[dict[str, Any]] = field(default_factory=list)  # the usage of every answer, in order
+    count: Callable[[str], int] = fake_tokens  # the server's tokenizer
 
     def __post_init__(self) -> None:
         FakeApi.__init__(self)
@@ -62,7 +64,7 @@ class OpenAIFake(FakeApi):
             raise error(400, "'messages' must be a non-empty array", param="messages")
         self._check_tool_order(messages)
         prompt = json.dumps(body.get("tools") or []) + "".join(json.dumps(m) for m in messages)
-        tokens = fake_tokens(prompt)
+        tokens = self.count(prompt)
         if tokens > model.window:
             raise error(400, f"This model's maximum context length is {model.window} tokens. However, your "
                              f"messages resulted in {tokens} tokens. Please reduce the length of the messages.",
@@ -79,7 +81,7 @@ class OpenAIFake(FakeApi):
         if self.reasoning_content and turn.thinking:
             message["reasoning_content"] = turn.thinking
         reasoning = turn.reasoning_tokens if model.reasoning else 0
-        completion = fake_tokens(json.dumps(message)) + reasoning
+        completion = self.count(json.dumps(message)) + reasoning
         usage = {"prompt_tokens": tokens, "completion_tokens": completion, "total_tokens": tokens + completion,
                  "prompt_tokens_details": {"cached_tokens": cached},
                  "completion_tokens_details": {"reasoning_tokens": reasoning}}
@@ -133,7 +135,7 @@ class OpenAIFake(FakeApi):
 
     def _cached(self, prompt: str) -> int:
         best = max((common_prefix(earlier, prompt) for earlier in self.prompts), default=0)
-        tokens = fake_tokens(prompt[:best])
+        tokens = self.count(prompt[:best])
         return tokens // CACHE_STEP * CACHE_STEP if tokens >= MIN_CACHED else 0
 
 
