@@ -1,7 +1,9 @@
 """What one sample may spend, what it has spent, and the reason it stops when a limit is reached.
 
 Limits are per sample: model turns (calls), input tokens, output tokens, dollars, wall-clock seconds and
-GPU seconds (device time the sample's tool evaluations held). A limit of None is no limit. A limit is
+GPU seconds (device time the sample's tool evaluations held). Dollars are what was billed: cache reads at
+the read rate, cache writes at the write rate, reasoning at the output rate (agent.usage); the token
+limits count every token the model read or wrote, cached or not. A limit of None is no limit. A limit is
 reached when the amount spent is at or above it. Turns are checked before a model call (the reply of
 the last allowed turn is still acted on); the others are checked after every model reply and every
 round of tool calls, so no tool runs on a budget already spent.
@@ -54,6 +56,10 @@ class Spent:
     turns: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    # Parts of the two above, as the server reported them: billed at the cache and output rates.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     cost_usd: float = 0.0
     cost_known: bool = True  # False once a reply's cost could not be priced (model not in the table)
     usage_reported: bool = True  # False once a reply came without token counts
@@ -84,6 +90,9 @@ class BudgetTracker:
             turns=s.turns + 1,
             input_tokens=s.input_tokens + (usage.input_tokens if usage else 0),
             output_tokens=s.output_tokens + (usage.output_tokens if usage else 0),
+            cache_read_tokens=s.cache_read_tokens + (usage.cache_read_tokens if usage else 0),
+            cache_write_tokens=s.cache_write_tokens + (usage.cache_write_tokens if usage else 0),
+            reasoning_tokens=s.reasoning_tokens + (usage.reasoning_tokens if usage else 0),
             cost_usd=s.cost_usd + (cost_usd or 0.0),
             cost_known=s.cost_known and cost_usd is not None,
             usage_reported=s.usage_reported and usage is not None,

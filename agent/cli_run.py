@@ -5,6 +5,8 @@
     pkb run --model replay:solutions/ --problems all_reduce            # scores files, no API key
     pkb run --run-id ID --resume                                       # continues a killed run
     pkb run ... --executor ray --ray-address HEAD:6379                 # evaluations on a Ray cluster (docs/ray.md)
+    pkb run --model openai:gpt-5.5 --reasoning-effort high ...         # reasoning settings (docs/models.md)
+    pkb run --model anthropic:claude-haiku-4-5 --thinking-budget 16000 ...
 
 Everything lands in runs/<id>/ (docs/run-layout.md). With --resume the run's stored config is used; an
 option given again must agree with it; the executor is not part of the run, so a run started on one resumes
@@ -31,7 +33,9 @@ from agent import cli_emulation, cli_source
 from agent.budgets import Budget
 from agent.cli_common import CliError, check_shape, console, err_console
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
+from agent.context import DEFAULT_SHARE
 from agent.executors import RayExecutor, add_executor_arguments, executor_from_args
+from agent.model_table import ModelTableError
 from agent.providers import ModelSpec, ProviderError, make_chat_model, parse_model_spec
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.rundir import RunDir, write_json_atomic
@@ -51,7 +55,10 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--seed", "seed"), ("--trials", "trials"),
                   ("--base-url", "base_url"), ("--prices", "prices"), ("budgets", "budgets"),
                   ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"),
-                  ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"))
+                  ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"),
+                  ("--reasoning-effort", "reasoning_effort"), ("--thinking-budget", "thinking_budget"),
+                  ("--models", "models"), ("--context-window", "context_window"), ("--context-share", "context_share"),
+                  ("--no-prompt-cache", "prompt_cache"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,6 +102,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-timing", action="store_true", help="check correctness only (no speedups)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
     p.add_argument("--max-reply-tokens", type=int, default=None, help="output-token limit of one model reply")
+    p.add_argument("--reasoning-effort", default=None,
+                   help="reasoning effort (OpenAI reasoning_effort; Anthropic adaptive thinking's effort, or a "
+                        "thinking budget from the model table for budget models): e.g. low, medium, high")
+    p.add_argument("--thinking-budget", type=int, default=None,
+                   help="Anthropic extended thinking's budget_tokens (models that take a budget; at least 1024)")
+    p.add_argument("--models", default=None, help="model table JSON (default: the packaged agent/models.json)")
+    p.add_argument("--context-window", type=int, default=None,
+                   help="the model's context window in tokens (default: the model table's; unknown: not managed)")
+    p.add_argument("--context-share", type=float, default=None,
+                   help="shorten old candidates once a request passes this share of the window (default 0.5)")
+    p.add_argument("--no-prompt-cache", action="store_true",
+                   help="send no Anthropic cache breakpoints (to measure what caching saves)")
     p.add_argument("--no-guide", action="store_true",
                    help="leave the programming guide out of the prompt (a condition with the guide tool has it)")
     p.add_argument("--model-retries", type=int, default=5, help="attempts per model call on 429/5xx (default 5)")
@@ -160,6 +179,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.samples is not None and args.samples < 1:
         raise CliError(f"--samples must be at least 1, got {args.samples}")
     trials = args.trials if args.trials is not None else 5
+    if args.context_window is not None and args.context_window < 1:
+        raise CliError(f"--context-window must be positive, got {args.context_window}")
+    if args.context_share is not None and not 0 < args.context_share <= 1:
+        raise CliError(f"--context-share must be in (0, 1], got {args.context_share}")
     if trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
     return RunConfig(
@@ -183,6 +206,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         guide_in_prompt=not args.no_guide,
         temperature=args.temperature,
         max_reply_tokens=args.max_reply_tokens,
+        reasoning_effort=args.reasoning_effort,
+        thinking_budget=args.thinking_budget,
+        models=str(Path(args.models).resolve()) if args.models else None,
+        context_window=args.context_window,
+        context_share=args.context_share if args.context_share is not None else DEFAULT_SHARE,
+        prompt_cache=not args.no_prompt_cache,
     )
 
 
@@ -199,7 +228,10 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
         "problems": ([p.name for p in _problems(stored.source, args.problems)] if args.problems else None),
         "temperature": args.temperature, "max_reply_tokens": args.max_reply_tokens,
         "skip_timing": True if args.no_timing else None, "guide_in_prompt": False if args.no_guide else None,
-        "api_key_env": args.api_key_env,
+        "api_key_env": args.api_key_env, "reasoning_effort": args.reasoning_effort,
+        "thinking_budget": args.thinking_budget, "models": str(Path(args.models).resolve()) if args.models else None,
+        "context_window": args.context_window, "context_share": args.context_share,
+        "prompt_cache": False if args.no_prompt_cache else None,
     }
     for option, key in RESUME_CHECKED:
         value = given[key]
@@ -271,9 +303,13 @@ def _check_model(config: RunConfig) -> PriceTable:
     except PriceTableError as err:
         raise CliError(str(err)) from None
     if spec.is_chat_model:
-        try:  # builds the client: an unknown provider, a bad URL or a missing key stops here, before any work
-            make_chat_model(spec, base_url=config.base_url, api_key_env=config.api_key_env)
-        except ProviderError as err:
+        try:  # builds the client: an unknown provider, a bad URL, a missing key or reasoning settings the model
+            # refuses stop here, before any work
+            models = config.model_table()
+            make_chat_model(spec, base_url=config.base_url, api_key_env=config.api_key_env,
+                            temperature=config.temperature, max_output_tokens=config.max_reply_tokens,
+                            reasoning=config.reasoning, models=models)
+        except (ProviderError, ModelTableError) as err:
             raise CliError(str(err)) from None
     if config.budget.max_cost_usd is not None and prices.price(spec.text) is None:
         raise CliError(f"--budget-cost: the price table {prices.source} has no price for {spec.text}; "

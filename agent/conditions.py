@@ -2,8 +2,9 @@
 
 Names (docs/run-layout.md): `zero-shot`; `agent:<tool>+<tool>...` with the tools sorted by name, e.g.
 `agent:bench+check+compile`; `replay` for solution files read from a directory. A plain `agent` means
-every ablatable tool, or the ones `--tools` names. `submit` is not part of a condition's name: every
-agent can submit (it is how a sample ends), so only the feedback tools are ablated.
+every ablatable tool, or the ones `--tools` names. `submit` and `recall` are not part of a condition's
+name: every agent can submit (it is how a sample ends) and recall its own earlier candidates, so only the
+feedback tools are ablated.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import Literal
 from tools.base import TOOL_NAMES
 
 SUBMIT = "submit"
+# Always given to an agent, never ablated: it only returns the model's own earlier candidate, which the
+# loop may have shortened in a long conversation (agent.context); binding it from the first turn keeps the
+# tool list, and so the cached prompt prefix, the same at every turn.
+RECALL = "recall"
 # The feedback tools a condition may pick from, in name order.
-AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name != SUBMIT))
+AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name not in (SUBMIT, RECALL)))
 
 Kind = Literal["zero-shot", "agent", "replay"]
 ZERO_SHOT = "zero-shot"
@@ -41,8 +46,8 @@ class Condition:
 
     @property
     def bound_tools(self) -> tuple[str, ...]:
-        """What the model is given: the condition's tools plus submit (an agent), nothing otherwise."""
-        return (*self.tools, SUBMIT) if self.kind == AGENT else ()
+        """What the model is given: the condition's tools plus recall and submit (an agent), nothing otherwise."""
+        return (*self.tools, RECALL, SUBMIT) if self.kind == AGENT else ()
 
     @property
     def uses_model(self) -> bool:
@@ -59,9 +64,10 @@ def parse_tools(text: str | Iterable[str]) -> tuple[str, ...]:
     if not names:
         raise ConditionError(f"no tool named; choose from {', '.join(AGENT_TOOLS)}")
     unknown = [n for n in names if n not in AGENT_TOOLS]
-    if SUBMIT in unknown:
-        raise ConditionError(f"'{SUBMIT}' is always given to an agent; choose feedback tools from "
-                             f"{', '.join(AGENT_TOOLS)}")
+    for always in (SUBMIT, RECALL):
+        if always in unknown:
+            raise ConditionError(f"'{always}' is always given to an agent; choose feedback tools from "
+                                 f"{', '.join(AGENT_TOOLS)}")
     if unknown:
         raise ConditionError(f"unknown tool {unknown[0]!r}; choose from {', '.join(AGENT_TOOLS)}")
     return tuple(sorted(set(names)))

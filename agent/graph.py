@@ -6,8 +6,11 @@
 
 - guard: the budget check before every model call (turns, tokens, dollars, wall, GPU seconds).
 - model: one call of the chat model with the condition's tools bound (zero-shot: no tools; its code is
-  taken from the reply). Token usage and cost are recorded; tokens, dollars and wall time are checked
-  again right after the reply, so no tool runs on a spent budget.
+  taken from the reply). The request is the state's messages as agent.context shortens them to fit the
+  model's window (old candidates become references; `recall` brings them back) with the provider's
+  cache breakpoints (agent.caching); a request that cannot fit stops the sample with `context_overflow`
+  before it is sent. Token usage (cache reads and writes, reasoning) and cost are recorded; tokens,
+  dollars and wall time are checked again right after the reply, so no tool runs on a spent budget.
 - tools: every tool call of the reply through tools.run_tool. Tools that run candidates on a device take
   a lease from the DeviceScheduler first. Every candidate a tool saw is kept as candidates/NNN.py with
   its structured result in candidates/NNN.json; `submit` ends the sample.
@@ -23,8 +26,10 @@ is still scored. Provider errors, after agent.retry's retries:
   the whole run (every other sample would fail the same way);
 - rate limits, 5xx, timeouts: TransientProviderError leaves the graph at its last checkpoint; the
   sample stays unfinished and `--resume` continues it (an infrastructure failure, not the model's);
-- anything else the server refuses (a 400 for a conversation too long, say) is final for this sample:
-  it stops with `model_error` and its last candidate, if any, is scored.
+- a prompt the server refuses as longer than the model's context stops the sample with
+  `context_overflow` (as pkb's own check does before sending);
+- anything else the server refuses (a 400) is final for this sample: it stops with `model_error`.
+In both cases its last candidate, if any, is scored.
 
 The state holds only JSON-like values and LangChain messages, so the SQLite checkpointer can store it
 after every node; a killed run resumes a sample at the node it was in.
@@ -41,11 +46,14 @@ from typing import Annotated, Any, TypedDict
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
 import prompts
+from agent import caching
 from agent.budgets import Budget, BudgetTracker, Spent
-from agent.conditions import AGENT, SUBMIT, Condition
+from agent.conditions import AGENT, RECALL, SUBMIT, Condition
+from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
 from agent.executors import EvalRequest, Executor, as_device_call, as_evaluate, device_seconds
 from agent.providers import ProviderError
 from agent.retry import invoke_model
@@ -64,7 +72,7 @@ from tools.langchain import make_tools
 # The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
 SCORING_SEED_OFFSET = 1_000_003
 # Tools that never touch a device (a compile runs in its own process; submit only records).
-DEVICE_FREE_TOOLS = frozenset({"compile", SUBMIT})
+DEVICE_FREE_TOOLS = frozenset({"compile", SUBMIT, RECALL})
 # An infra_error of the final scoring is the harness's failure: tried this many times in all.
 SCORING_ATTEMPTS = 3
 
@@ -74,6 +82,7 @@ NO_CODE = "no_code"
 ZERO_SHOT = "zero_shot"
 MODEL_ERROR = "model_error"
 REPLAYED = "replayed"
+CONTEXT_OVERFLOW = "context_overflow"  # the request is longer than the model's context window
 
 
 def scoring_seed(seed: int) -> int:
@@ -107,6 +116,7 @@ class AgentState(TypedDict, total=False):
     error: str | None  # the provider's message when stop_reason is model_error
     result: dict[str, Any] | None  # the final scoring's EvalResult, as JSON
     scoring: dict[str, Any]  # {"seconds", "gpu_s", "attempts", "final"}
+    context: dict[str, Any]  # agent.context.ContextState.as_dict(): which calls are shortened, the size ratio
 
 
 @dataclass
@@ -132,15 +142,49 @@ class SampleContext:
     guide_in_prompt: bool = True
     # Where evaluations run when not on this node's scheduler (a Ray cluster); None: here, in leases.
     executor: Executor | None = None
+    # The model's window and when to start shortening old candidates; None or window None: not managed.
+    context_policy: ContextPolicy | None = None
+    prompt_cache: bool = True  # Anthropic breakpoints (agent.caching); off only to measure what caching saves
+
+    @property
+    def provider(self) -> str:
+        return self.model_name.partition(":")[0]
 
 
 # -- prompts and text --------------------------------------------------------------------------------
+STABLE_PREFIX = 2  # initial_messages: the system prompt and the task, the same at every turn
+
+
 def initial_messages(ctx: SampleContext) -> list[BaseMessage]:
     tools = list(ctx.condition.bound_tools)
     # The guide goes into the system prompt unless the condition offers it as a tool (or it is switched off).
     system = prompts.render_system(tools, ctx.guide_in_prompt and "guide" not in tools)
     task = prompts.render_task(ctx.problem, ctx.shape, ctx.world_size, ctx.topology, include_guide=False)
     return [SystemMessage(content=system), HumanMessage(content=task)]
+
+
+def finish_reason(message: BaseMessage) -> str | None:
+    """Why the server stopped generating: OpenAI's finish_reason (stop, length, tool_calls) or Anthropic's
+    stop_reason (end_turn, max_tokens, tool_use)."""
+    meta = getattr(message, "response_metadata", None) or {}
+    value = meta.get("finish_reason") or meta.get("stop_reason")
+    return str(value) if value else None
+
+
+def reasoning_text(message: BaseMessage) -> str | None:
+    """The reasoning the API returned with a reply: Anthropic's (summarized) thinking blocks, or a compatible
+    server's reasoning_content. None where there is none (OpenAI's chat completions return only a count)."""
+    parts: list[str] = []
+    if isinstance(message.content, list):
+        for block in message.content:
+            if isinstance(block, dict) and block.get("type") == "thinking" and block.get("thinking"):
+                parts.append(str(block["thinking"]))
+            elif isinstance(block, dict) and block.get("type") == "redacted_thinking":
+                parts.append("[redacted thinking]")
+    extra = message.additional_kwargs.get("reasoning_content")
+    if isinstance(extra, str) and extra:
+        parts.append(extra)
+    return "\n\n".join(parts) if parts else None
 
 
 def message_text(message: BaseMessage) -> str:
@@ -173,9 +217,10 @@ def _drop_orphans(ctx: SampleContext, state: AgentState) -> None:
 
 
 def _entry(ctx: SampleContext, path: Path, tool: str | None, tool_call_id: str | None, message_id: str | None,
-           verdict: Any) -> dict[str, Any]:
+           verdict: Any, speedup: Any = None) -> dict[str, Any]:
     return {"index": int(path.stem), "path": ctx.directory.relative(path), "tool": tool,
-            "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict}
+            "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict,
+            "speedup": speedup if isinstance(speedup, (int, float)) else None}
 
 
 def _reply_candidate(ctx: SampleContext, code: str, message_id: str) -> dict[str, Any]:
@@ -227,14 +272,16 @@ def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: D
 
 
 # -- the graph --------------------------------------------------------------------------------------
-def bind_model(ctx: SampleContext) -> Runnable[Any, BaseMessage]:
-    """The chat model with the condition's tools bound (zero-shot: the bare model, no tools)."""
+def bind_model(ctx: SampleContext) -> tuple[Runnable[Any, BaseMessage], int]:
+    """The chat model with the condition's tools bound (zero-shot: the bare model, no tools), and the
+    tokens the tool schemas add to every request."""
     if ctx.model is None:
         raise ValueError(f"condition {ctx.condition.name} needs a chat model")
     if ctx.condition.kind != AGENT:
-        return ctx.model
+        return ctx.model, 0
     schema_ctx = tool_context(ctx, gpus=None)
-    return ctx.model.bind_tools(make_tools(list(ctx.condition.bound_tools), schema_ctx))
+    tools = make_tools(list(ctx.condition.bound_tools), schema_ctx)
+    return ctx.model.bind_tools(tools), tools_token_count([convert_to_openai_tool(t) for t in tools])
 
 
 def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
@@ -248,9 +295,10 @@ def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] 
 
 def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
     """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable."""
-    bound = bind_model(ctx)
+    bound, tools_tokens = bind_model(ctx)
     log = ctx.log
     is_agent = ctx.condition.kind == AGENT
+    policy = ctx.context_policy or ContextPolicy(window=None)
 
     def tracker(state: AgentState) -> BudgetTracker:
         return BudgetTracker(ctx.budget, Spent.from_dict(state.get("spent")))
@@ -264,26 +312,49 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
     def model(state: AgentState) -> dict[str, Any]:
         started = time.perf_counter()
         spend = tracker(state)
+        prepared = prepare(state["messages"], state.get("candidates") or [], policy,
+                           ContextState.from_dict(state.get("context")), tools_tokens=tools_tokens)
+        context = prepared.state
+        if prepared.newly_shortened and log is not None:
+            log.info("context_shortened", turn=spend.spent.turns + 1, calls=prepared.newly_shortened,
+                     estimate=prepared.estimate,
+                     window=policy.window, batches=context.batches)
+        if prepared.overflow:
+            why = (f"the request is about {prepared.estimate} tokens with every old candidate shortened, over the "
+                   f"context window of {policy.window} tokens; not sent")
+            if log is not None:
+                log.warning("context_overflow", estimate=prepared.estimate, window=policy.window)
+            return {"stop_reason": CONTEXT_OVERFLOW, "error": why, "context": context.as_dict()}
+        request = caching.for_request(prepared.messages, ctx.provider, enabled=ctx.prompt_cache,
+                                      stable_prefix=STABLE_PREFIX)
         try:
-            reply = invoke_model(bound, state["messages"], attempts=ctx.model_attempts, log=log)
+            reply = invoke_model(bound, request, attempts=ctx.model_attempts, log=log)
         except ProviderError as err:
             spend.record_wall(time.perf_counter() - started)
             if is_fatal(err):
                 raise FatalProviderError(str(err), kind=err.kind, status=err.status) from err
             if is_transient(err):  # leaves the graph: the checkpoint stays before this call
                 raise TransientProviderError(str(err), kind=err.kind, status=err.status) from err
+            reason = CONTEXT_OVERFLOW if err.kind == "context" else MODEL_ERROR
             if log is not None:
-                log.warning("model_error", kind=err.kind, status=err.status, error=str(err))
-            return {"stop_reason": MODEL_ERROR, "error": str(err), "spent": spend.spent.as_dict()}
+                log.warning(reason, kind=err.kind, status=err.status, error=str(err))
+            return {"stop_reason": reason, "error": str(err), "spent": spend.spent.as_dict(),
+                    "context": context.as_dict()}
         usage = usage_of(reply)
+        if usage is not None:
+            context.observe(usage.input_tokens)
         cost = ctx.prices.cost(ctx.model_name, usage) if (ctx.prices is not None and usage is not None) else None
         spend.record_model_call(usage, cost)
         spend.record_wall(time.perf_counter() - started)
         if log is not None:
             log.info("model_reply", turn=spend.spent.turns, tool_calls=[c["name"] for c in reply.tool_calls],
                      input_tokens=usage.input_tokens if usage else None,
-                     output_tokens=usage.output_tokens if usage else None, cost_usd=cost)
-        update: dict[str, Any] = {"messages": [reply], "spent": spend.spent.as_dict()}
+                     output_tokens=usage.output_tokens if usage else None,
+                     cache_read_tokens=usage.cache_read_tokens if usage else None,
+                     cache_write_tokens=usage.cache_write_tokens if usage else None,
+                     reasoning_tokens=usage.reasoning_tokens if usage else None,
+                     finish_reason=finish_reason(reply), estimate=prepared.estimate, cost_usd=cost)
+        update: dict[str, Any] = {"messages": [reply], "spent": spend.spent.as_dict(), "context": context.as_dict()}
         if is_agent and (reply.tool_calls or reply.invalid_tool_calls):
             reason = spend.stop_reason(before_model_call=False)
             if reason:
@@ -331,7 +402,7 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
                 continue
             if outcome.candidate is not None:  # saved by the tool, with its record beside it
                 candidates.append(_entry(ctx, Path(outcome.candidate), name, call_id, None,
-                                         (outcome.data or {}).get("verdict")))
+                                         (outcome.data or {}).get("verdict"), (outcome.data or {}).get("speedup")))
             if outcome.ends_sample:  # its own candidate, else the last one; "" when there is none (no_code)
                 submitted = candidates[-1]["path"] if candidates else ""
             messages.append(ToolMessage(content=outcome.text, tool_call_id=call_id, name=name))
@@ -442,7 +513,14 @@ def transcript(messages: list[BaseMessage], candidates: list[dict[str, Any]]) ->
                                      "invalid": c.get("error") or True} for c in m.invalid_tool_calls]
             usage = usage_of(m)
             if usage is not None:
-                entry["usage"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+                entry["usage"] = {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                                  "cache_read_tokens": usage.cache_read_tokens,
+                                  "cache_write_tokens": usage.cache_write_tokens,
+                                  "reasoning_tokens": usage.reasoning_tokens}
+            if (reason := finish_reason(m)) is not None:
+                entry["finish_reason"] = reason
+            if (thought := reasoning_text(m)) is not None:
+                entry["reasoning"] = thought
             if m.id in by_message:
                 entry["candidate"] = by_message[m.id]
         elif isinstance(m, ToolMessage):

@@ -13,8 +13,14 @@ base_url is given and `api_key_env` is not, a placeholder key is sent, because l
 SGLang) accept any key; a server that does want one answers 401, and that error names the variable.
 
 The SDKs' own retries are off (max_retries=0): agent.retry.invoke_model is the only retry loop, so the
-two never stack. Temperature and the output-token limit are sent only when given, since some models
-reject non-default sampling parameters.
+two never stack. Temperature, the output-token limit and reasoning settings are mapped per model by
+agent.reasoning (from the model table, agent/models.json), and sent only when given, since reasoning
+models refuse sampling parameters.
+
+OpenAI-compatible servers that reason (vLLM with a reasoning parser, llama.cpp, DeepSeek) return the
+reasoning text as `reasoning_content` beside the answer; LangChain's ChatOpenAI drops it, so the model
+built here keeps it in `additional_kwargs["reasoning_content"]` for the transcript (it is never sent back).
+OpenAI's own chat completions return no reasoning text, only its token count.
 """
 
 from __future__ import annotations
@@ -22,9 +28,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import lru_cache
+from typing import TYPE_CHECKING, Literal
 
 from langchain_core.language_models import BaseChatModel
+
+if TYPE_CHECKING:
+    from agent.model_table import ModelTable
+    from agent.reasoning import ReasoningConfig
 
 Provider = Literal["openai", "anthropic", "scripted", "replay"]
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic", "scripted", "replay")
@@ -83,8 +94,14 @@ def make_chat_model(
     max_output_tokens: int | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     env: Mapping[str, str] | None = None,
+    reasoning: ReasoningConfig | None = None,
+    models: ModelTable | None = None,
 ) -> BaseChatModel:
-    """The chat model for `spec`, with SDK retries off. `env` defaults to os.environ (tests pass their own)."""
+    """The chat model for `spec`, with SDK retries off. `env` defaults to os.environ (tests pass their own);
+    `models` defaults to the packaged model table."""
+    from agent.model_table import load_model_table
+    from agent.reasoning import ReasoningConfig, request_options
+
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
     env = os.environ if env is None else env
     if spec.provider == "replay":
@@ -98,15 +115,11 @@ def make_chat_model(
     key_env = api_key_env or DEFAULT_KEY_ENV[spec.provider]
     api_key = _api_key(key_env, explicit=api_key_env is not None, base_url=base_url, env=env)
     metadata = {"pkb_model": spec.text, "pkb_api_key_env": key_env, "pkb_base_url": base_url}
-    optional: dict[str, Any] = {}
-    if temperature is not None:
-        optional["temperature"] = temperature
+    table = models if models is not None else load_model_table()
+    optional = request_options(spec.provider, spec.name, table.info(spec.text), table, reasoning or ReasoningConfig(),
+                               temperature=temperature, max_output_tokens=max_output_tokens)
     if spec.provider == "openai":
-        from langchain_openai import ChatOpenAI
-
-        if max_output_tokens is not None:
-            optional["max_completion_tokens"] = max_output_tokens
-        return ChatOpenAI(
+        return _chat_openai_class()(
             model=spec.name,
             api_key=api_key,
             base_url=base_url,
@@ -118,8 +131,6 @@ def make_chat_model(
         )
     from langchain_anthropic import ChatAnthropic
 
-    if max_output_tokens is not None:
-        optional["max_tokens"] = max_output_tokens
     return ChatAnthropic(
         model=spec.name,
         api_key=api_key,
@@ -138,3 +149,25 @@ def _api_key(key_env: str, *, explicit: bool, base_url: str | None, env: Mapping
     if base_url is not None and not explicit:
         return PLACEHOLDER_KEY
     raise ProviderError(f"no API key: set the environment variable {key_env}")
+
+
+@lru_cache(maxsize=1)
+def _chat_openai_class() -> type[BaseChatModel]:
+    """ChatOpenAI that keeps a compatible server's `reasoning_content` (built once, on first use)."""
+    import openai
+    from langchain_core.outputs import ChatResult
+    from langchain_openai import ChatOpenAI
+
+    class ChatOpenAIKeepingReasoning(ChatOpenAI):
+        def _create_chat_result(self, response: dict | openai.BaseModel,
+                                generation_info: dict | None = None) -> ChatResult:
+            result = super()._create_chat_result(response, generation_info)
+            data = response if isinstance(response, dict) else response.model_dump()
+            for generation, choice in zip(result.generations, data.get("choices") or []):
+                message = choice.get("message") or {}
+                text = message.get("reasoning_content") or message.get("reasoning")
+                if isinstance(text, str) and text:
+                    generation.message.additional_kwargs["reasoning_content"] = text
+            return result
+
+    return ChatOpenAIKeepingReasoning

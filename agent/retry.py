@@ -1,6 +1,7 @@
 """One model call with bounded retries: rate limits (429), server errors (5xx) and lost connections only.
 
-Everything else the server says (400, 401, 403, 404, ...) is final at once. Every HTTP or connection
+Everything else the server says (400, 401, 403, 404, ...) is final at once; a 400 that says the prompt is
+over the model's context comes back as kind "context", so the loop can name that stop. Every HTTP or connection
 failure leaves as a ProviderError with a one-line message; a server still unreachable after the last
 attempt is named as such. Other exceptions (a bug, a malformed response) propagate unchanged. The
 provider SDKs' own retries are off (see agent.providers), so this loop is the only one.
@@ -9,6 +10,7 @@ provider SDKs' own retries are off (see agent.providers), so this loop is the on
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import anthropic
 import openai
 import structlog
-from langchain_core.exceptions import ModelConnectionError, ModelTimeoutError
+from langchain_core.exceptions import ContextOverflowError, ModelConnectionError, ModelTimeoutError
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
@@ -32,6 +34,10 @@ CONNECTION_ERRORS = (
 )
 TIMEOUT_ERRORS = (openai.APITimeoutError, anthropic.APITimeoutError, ModelTimeoutError)
 MAX_MESSAGE_CHARS = 300
+# A 400 that says the prompt is over the model's context (servers that LangChain does not recognise as such:
+# llama.cpp, vLLM and SGLang word it their own way).
+CONTEXT_WORDS = re.compile(r"context length|context window|context_length_exceeded|prompt is too long|"
+                           r"maximum context|too many tokens|exceeds? (the )?(max(imum)? )?(model|context)", re.I)
 
 _log = structlog.get_logger("agent.retry")
 
@@ -90,7 +96,7 @@ def invoke_model(
 
     try:
         reply = retrying(call)
-    except (*STATUS_ERRORS, *CONNECTION_ERRORS) as error:
+    except (*STATUS_ERRORS, *CONNECTION_ERRORS, ContextOverflowError) as error:
         raise to_provider_error(error, attempts=calls, model=model) from error
     if not isinstance(reply, AIMessage):
         raise ProviderError(f"the model returned a {type(reply).__name__}, not an AIMessage", kind="request")
@@ -110,6 +116,10 @@ def to_provider_error(error: BaseException, *, attempts: int, model: Any = None)
     tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
     base_url = _metadata(model).get("pkb_base_url")
     server = f"base URL {base_url}" if base_url else (url or "the model server")
+    if isinstance(error, ContextOverflowError) or (status == 400 and CONTEXT_WORDS.search(detail)):
+        where = f" from {url}" if url else ""
+        return ProviderError(f"the prompt is longer than the model's context (HTTP {status or 400}){where}: {detail}",
+                             kind="context", status=status or 400)
     if status is None and isinstance(error, TIMEOUT_ERRORS):
         return ProviderError(f"{server} did not answer within the timeout {tries}", kind="timeout")
     if status is None:

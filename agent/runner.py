@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from agent.budgets import Budget, Spent
 from agent.conditions import REPLAY, Condition, parse_condition
+from agent.context import DEFAULT_SHARE, ContextPolicy
 from agent.executors import Executor, LocalExecutor
 from agent.graph import (
     NO_CODE,
@@ -50,7 +51,9 @@ from agent.graph import (
     scoring_seed,
     write_transcript,
 )
+from agent.model_table import ModelTable, load_model_table
 from agent.providers import make_chat_model, parse_model_spec
+from agent.reasoning import ReasoningConfig
 from agent.replay import ReplaySet
 from agent.rundir import (
     FINISHED,
@@ -101,6 +104,12 @@ class RunConfig(BaseModel):
     max_reply_tokens: int | None = None  # the provider's per-reply output limit, when set
     answer_tokens: int = 600
     guide_in_prompt: bool = True
+    reasoning_effort: str | None = None  # agent.reasoning: mapped per provider
+    thinking_budget: int | None = None
+    models: str | None = None  # the --models file; None: the packaged agent/models.json
+    context_window: int | None = None  # overrides the model table's window
+    context_share: float = DEFAULT_SHARE  # shorten old candidates past this share of the window
+    prompt_cache: bool = True
 
     @property
     def budget(self) -> Budget:
@@ -109,6 +118,19 @@ class RunConfig(BaseModel):
     @property
     def parsed_conditions(self) -> list[Condition]:
         return [parse_condition(c) for c in self.conditions]
+
+    @property
+    def reasoning(self) -> ReasoningConfig:
+        return ReasoningConfig(effort=self.reasoning_effort, thinking_budget=self.thinking_budget)
+
+    def model_table(self) -> ModelTable:
+        return load_model_table(self.models)
+
+    def context_policy(self, table: ModelTable | None = None) -> ContextPolicy:
+        """The window from --context-window, else the model table; None where neither knows it."""
+        info = (table or self.model_table()).info(parse_model_spec(self.model).text)
+        window = self.context_window if self.context_window is not None else (info.context_window if info else None)
+        return ContextPolicy(window=window, share=self.context_share)
 
     def eval_config(self) -> EvalConfig:
         return EvalConfig(trials=self.trials, seed=self.seed, skip_timing=self.skip_timing,
@@ -278,6 +300,8 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "emulated": is_emulated(result) if result else False,
         "roofline_fraction": roofline_fraction(result),
         "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
+                  "cache_read_tokens": spent.cache_read_tokens, "cache_write_tokens": spent.cache_write_tokens,
+                  "reasoning_tokens": spent.reasoning_tokens,
                   "cost_usd": round(spent.cost_usd, 6),
                   # cost_usd is 0 where the price table does not list the model: this says so
                   "cost_known": spent.cost_known,
@@ -287,6 +311,9 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "wall_s": round(spent.wall_s + float(scoring.get("seconds") or 0.0), 3),
         "gpu_s": round(spent.gpu_s + float(scoring.get("gpu_s") or 0.0), 3),
         "candidates": len(state.get("candidates") or []),
+        # agent.context: how many old candidates the requests carried as references, in how many batches
+        "context": {"shortened": len((state.get("context") or {}).get("shortened") or []),
+                    "batches": int((state.get("context") or {}).get("batches") or 0)},
         "final": "final.py" if scoring.get("final") else None,
         "scoring_seed": result.get("seed") if result else None,
         "scoring_attempts": scoring.get("attempts", 0),
@@ -341,13 +368,16 @@ class Runner:
         self.on_sample = on_sample
         self.topology = topology_record(config.device)
         self.conditions = config.parsed_conditions
+        self.models = config.model_table() if self.spec.is_chat_model else None
+        self.policy = config.context_policy(self.models) if self.models is not None else ContextPolicy(None)
         self._abort = threading.Event()
         self._saver: Any = None
         self.log: Any = None
 
     def _default_model_factory(self) -> BaseChatModel:
         return make_chat_model(self.spec, base_url=self.config.base_url, api_key_env=self.config.api_key_env,
-                               temperature=self.config.temperature, max_output_tokens=self.config.max_reply_tokens)
+                               temperature=self.config.temperature, max_output_tokens=self.config.max_reply_tokens,
+                               reasoning=self.config.reasoning, models=self.models)
 
     # -- what to run --------------------------------------------------------------------------------
     def plan(self) -> list[SampleSpec]:
@@ -489,7 +519,8 @@ class Runner:
             config=self.eval_config, scheduler=self.scheduler, world_size=self.config.world_size,
             device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
             model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
-            guide_in_prompt=self.config.guide_in_prompt, **self._remote_args(),
+            guide_in_prompt=self.config.guide_in_prompt, context_policy=self.policy,
+            prompt_cache=self.config.prompt_cache, **self._remote_args(),
         )
 
     def _model_sample(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:

@@ -2,10 +2,15 @@
 
 Token counts follow LangChain's usage_metadata: input_tokens counts every input token, cache reads and
 cache writes included (the OpenAI and Anthropic integrations both normalise to that), so the uncached
-part is input - cache_read - cache_write. A price table gives USD per million tokens for each
-"provider:model"; a cache rate the table leaves out is charged at the input rate. A model the table does
-not list costs None (unknown, never zero). Prices are the standard tier: no batch discount, no
-long-context surcharge.
+part is input - cache_read - cache_write. output_tokens include reasoning (OpenAI's reasoning tokens,
+Anthropic's thinking): both providers bill them as output, so they are priced at the output rate;
+reasoning_tokens is the part the server reported as reasoning (OpenAI's completion_tokens_details,
+Anthropic's output_tokens_details.thinking_tokens; 0 where a server reports no split). Cache writes are
+Anthropic's cache_creation tokens, or the sum of its 5-minute and 1-hour parts where it splits them
+(LangChain then zeroes the undivided figure). A price table gives USD per million
+tokens for each "provider:model"; a cache rate the table leaves out is charged at the input rate. A model
+the table does not list costs None (unknown, never zero). Prices are the standard tier: no batch
+discount, no long-context surcharge.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ class Usage:
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0  # part of output_tokens
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True)))
 
-    def as_tuple(self) -> tuple[int, int, int, int]:
-        return (self.input_tokens, self.output_tokens, self.cache_read_tokens, self.cache_write_tokens)
+    def as_tuple(self) -> tuple[int, int, int, int, int]:
+        return (self.input_tokens, self.output_tokens, self.cache_read_tokens, self.cache_write_tokens,
+                self.reasoning_tokens)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -50,11 +57,14 @@ def usage_of(message: AIMessage) -> Usage | None:
     if not meta:
         return None
     details: Mapping[str, Any] = meta.get("input_token_details") or {}
+    out: Mapping[str, Any] = meta.get("output_token_details") or {}
     return Usage(
         input_tokens=int(meta.get("input_tokens") or 0),
         output_tokens=int(meta.get("output_tokens") or 0),
         cache_read_tokens=int(details.get("cache_read") or 0),
-        cache_write_tokens=int(details.get("cache_creation") or 0),
+        cache_write_tokens=int(details.get("cache_creation") or 0)
+        or sum(int(details.get(k) or 0) for k in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")),
+        reasoning_tokens=int(out.get("reasoning") or 0),
     )
 
 

@@ -150,7 +150,7 @@ def test_zero_shot_is_one_call_with_no_tools_and_code_from_the_reply(tmp_path):
 def test_a_tool_subset_exposes_exactly_those_tools(tmp_path):
     model = scripted([("text", "no code today")])
     runner, _ = run_samples(tmp_path, [model], conditions=["agent:check+compile"])
-    assert sorted(model.bound_tool_names) == ["check", "compile", "submit"]
+    assert sorted(model.bound_tool_names) == ["check", "compile", "recall", "submit"]  # recall and submit: always
     assert [t["function"]["name"] for t in model.calls[0]["tools"]] == model.bound_tool_names
     record = sample_files(runner.run_dir.path, "all_reduce", "agent:check+compile")["sample"]
     assert record["stop_reason"] == "no_code" and record["turns"] == 1
@@ -163,7 +163,7 @@ def test_every_tool_offered_to_a_plain_agent():
     assert parse_condition("agent:compile+check").name == "agent:check+compile"
     assert [c.name for c in parse_conditions("zero-shot,agent:bench", None)] == ["zero-shot", "agent:bench"]
     for bad, tools in (("agent:nope", None), ("zero-shot", "check"), ("agent:check", "bench"), ("agents", None),
-                       ("agent:submit", None)):
+                       ("agent:submit", None), ("agent:recall", None)):
         with pytest.raises(ConditionError):
             parse_conditions(bad, tools)
 

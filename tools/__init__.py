@@ -1,4 +1,4 @@
-"""What the model may call: compile, check, bench, profile, roofline, submit, guide.
+"""What the model may call: compile, check, bench, profile, roofline, submit, guide, recall.
 
 Each tool is thin: it saves the candidate the model sent, calls the harness (which runs in killable
 processes), and renders a short answer bounded by a token budget, keeping the structured result apart.

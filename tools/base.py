@@ -28,7 +28,7 @@ from harness.config import EvalConfig
 from harness.problem import Problem
 from tools import render
 
-TOOL_NAMES = ("compile", "check", "bench", "profile", "roofline", "submit", "guide")
+TOOL_NAMES = ("compile", "check", "bench", "profile", "roofline", "submit", "guide", "recall")
 CODE_TOOLS = ("compile", "check", "bench", "profile", "submit")  # `source` is required
 CANDIDATES_DIR = "candidates"
 FINAL_FILE = "final.py"
@@ -185,10 +185,10 @@ SOURCE_TOOLS = (*CODE_TOOLS, "roofline")  # roofline takes `source` optionally
 
 def _registry() -> dict[str, ToolFn]:
     # Imported here: each tool module imports this one for the shared types.
-    from tools import bench, check, compile, guide, profile, roofline, submit
+    from tools import bench, check, compile, guide, profile, recall, roofline, submit
 
     return {"compile": compile.run, "check": check.run, "bench": bench.run, "profile": profile.run,
-            "roofline": roofline.run, "submit": submit.run, "guide": guide.run}
+            "roofline": roofline.run, "submit": submit.run, "guide": guide.run, "recall": recall.run}
 
 
 def run_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:

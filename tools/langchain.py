@@ -29,6 +29,8 @@ def args_schema(name: str) -> type[BaseModel]:
         return create_model(model, source=(str | None, Field(None, description=described["source_optional"])))
     if name == "guide":
         return create_model(model, topic=(str | None, Field(None, description=described["topic"])))
+    if name == "recall":
+        return create_model(model, candidate=(int, Field(description=described["candidate"])))
     raise ValueError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
 
 
