@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import failures, integrity, pkb_compat, reference_cache, requirements
+from harness import failures, integrity, reference_cache, requirements
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
 from harness.fingerprint import environment, hardware_key
@@ -39,6 +39,7 @@ from harness.judge import plausibility, timing, trials, watchdog
 from harness.judge.compare import compare_outputs
 from harness.judge.reference import ReferenceFailed, ReferenceRun
 from harness.judge.static_scan import static_scan
+from harness.parallelkernelbench import input_report
 from harness.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.problem import Problem
 from harness.rank import transport
@@ -504,7 +505,7 @@ def evaluate(
     if problem.origin == "pkb":
         # PKB's generators may leave inputs constant across trials (or the harness had to perturb them):
         # the record says which inputs, and why, whatever the verdict.
-        report = pkb_compat.input_report(problem, shape, world_size)
+        report = input_report.input_report(problem, shape, world_size)
         ev.flags.extend(sorted(report.flags()))
         ev.evidence["inputs"] = report.as_dict()
     # What this machine cannot run (a CUDA candidate on a CPU-only run, a missing package): nobody's

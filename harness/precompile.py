@@ -26,7 +26,8 @@ from typing import Any
 from harness.builds import BuildOutcome, Undiscovered, build_ahead
 from harness.candidate import classify_load_error, trimmed_traceback
 from harness.failures import COMPILE_ERROR
-from harness.problem import import_file, load_problem_spec, module_name_for
+from harness.problem import import_file, module_name_for
+from harness.registry import load_problem_spec
 
 BUILD_FAILED = 3
 

@@ -37,10 +37,10 @@ def setup(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     group the inputs name, in the order given (new_group is collective: every rank makes every group)."""
     spec = req.get("problem") or ""
     if spec.startswith("pkb:"):
-        from harness import pkb_compat
+        from harness.parallelkernelbench import checkout  # deferred: only a checkout's candidates need it
 
-        root, _ = pkb_compat.parse_spec(spec)
-        pkb_compat.ensure_importable(root)
+        root, _ = checkout.parse_spec(spec)
+        checkout.ensure_importable(root)
     for ranks in req.get("groups", []):
         key = tuple(int(r) for r in ranks) if ranks is not None else None
         if key not in worker.groups:

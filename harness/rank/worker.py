@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from harness import channel, failures
 from harness.candidate import trimmed_traceback
-from harness.problem import Problem, load_problem_spec
+from harness.problem import Problem
+from harness.registry import load_problem_spec
 from harness.rank import candidate_side, reference_side
 from harness.rank.timed import TimedSession
 from harness.rank.tripwires import CollectiveMonitor, Guard
