@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.cli_common import CliError, suite
-from harness import pkb_compat
+from harness.parallelkernelbench import checkout
 from harness.problem import Problem
 from harness.registry import UnknownProblem, get, select
 
@@ -24,8 +24,8 @@ def resolve_source(text: str | None) -> list[Problem]:
     if not text.startswith(PKB_PREFIX) or not text[len(PKB_PREFIX):].strip():
         raise CliError(f"--source takes pkb:PATH (a ParallelKernelBench checkout), got {text!r}")
     try:
-        return pkb_compat.pkb_suite(Path(text[len(PKB_PREFIX):].strip()).expanduser())
-    except pkb_compat.PkbError as err:
+        return checkout.suite(Path(text[len(PKB_PREFIX):].strip()).expanduser())
+    except checkout.CheckoutError as err:
         raise CliError(str(err)) from None
 
 
@@ -34,7 +34,7 @@ def _by_id(problems: Sequence[Problem], selector: str) -> str:
     if not selector.isdigit():
         return selector
     for p in problems:
-        if pkb_compat.problem_id(p) == int(selector):
+        if checkout.problem_id(p) == int(selector):
             return p.name
     return selector
 

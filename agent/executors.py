@@ -45,7 +45,8 @@ from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
 from harness.evaluate import evaluate as harness_evaluate
 from harness.pool import REPO_ROOT, SAFE_ENV
-from harness.problem import Problem, load_problem_spec
+from harness.problem import Problem
+from harness.registry import load_problem_spec
 from harness.results import CandidateInfo, EvalResult, Failure
 
 EXECUTORS = ("local", "ray")
@@ -64,7 +65,7 @@ class ExecutorError(RuntimeError):
 class EvalRequest:
     """One evaluation, by value: everything a node needs, as plain JSON-able data."""
 
-    problem_spec: str  # Problem.loader_spec; a node loads it with harness.problem.load_problem_spec
+    problem_spec: str  # Problem.loader_spec; a node loads it with harness.registry.load_problem_spec
     candidate_source: str  # the candidate file's content (bytes that are not UTF-8 survive: surrogateescape)
     candidate_name: str  # the driver's path of the file: what the result records as candidate.path
     world_size: int

@@ -4,7 +4,7 @@ Two layouts are read:
 - ours: DIR/<problem>.py, or DIR/<problem>/<anything>.py for several solutions of one problem (a problem
   may have both; files sort by path);
 - PKB's: DIR/<id>_<name>_<backend>.py, for problems loaded from a PKB checkout (`--source pkb:PATH`),
-  matched by name first (harness.pkb_solutions: stem, known renames, renumbered names, then signature;
+  matched by name first (harness.parallelkernelbench.solutions: stem, known renames, renumbered names, then signature;
   never by the number alone). Every file of the folder is accounted for in `ReplaySet.matches`, matched
   or not, with the reason; `pkb run` prints the unmatched ones and saves them all in the run folder.
 
@@ -20,12 +20,10 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from harness.parallelkernelbench import checkout, solutions
+from harness.parallelkernelbench.solutions import Match, tally
 from harness.problem import Problem
-
-if TYPE_CHECKING:
-    from harness.pkb_solutions import Match
 
 OURS = "pkb-agent"
 PKB = "pkb"
@@ -55,8 +53,6 @@ class ReplaySet:
 
     def matches_record(self) -> dict[str, object]:
         """What replay_matches.json holds (docs/run-layout.md)."""
-        from harness.pkb_solutions import tally
-
         return {"directory": str(self.directory), "layout": self.layout, "counts": tally(self.matches),
                 "files": [m.as_dict() for m in self.matches]}
 
@@ -100,13 +96,11 @@ def _our_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
 
 
 def _pkb_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
-    from harness import pkb_compat, pkb_solutions  # only PKB sources need the adapter
-
     try:
-        pkb_compat.solutions_for(root)  # says clearly when the folder holds no PKB solution file at all
-    except pkb_compat.PkbError as err:
+        solutions.solutions_for(root)  # says clearly when the folder holds no PKB solution file at all
+    except checkout.CheckoutError as err:
         raise ReplayError(str(err)) from None
-    matches = pkb_solutions.match_files(problems, root)
+    matches = solutions.match_files(problems, root)
     files: dict[str, list[Path]] = {}
     for m in matches:
         if m.problem is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import pkb_compat  # noqa: E402
+from harness.parallelkernelbench import checkout  # noqa: E402
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
 
@@ -32,7 +32,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     matches = None
     stem = args.solution.name.rsplit("_", 1)[0]
-    problem = next(p for p in pkb_compat.list_pkb_problems(args.checkout) if p.name == stem)
+    problem = next(p for p in checkout.list_problems(args.checkout) if p.name == stem)
     rows = []
     for label in ("cold", "warm"):
         config = EvalConfig(trials=3, timing=TimingConfig.for_device("cuda"), ranks_per_gpu=args.ranks_per_gpu,

@@ -23,10 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 def scan_set(checkout: Path, directory: Path) -> dict:
     """Runs in the child: import each file, find its builds."""
     sys.path.insert(0, str(REPO))
-    from harness import builds, pkb_compat
+    from harness import builds
+    from harness.parallelkernelbench.checkout import ensure_importable
     from harness.problem import import_file, module_name_for
 
-    pkb_compat.ensure_importable(checkout.resolve())
+    ensure_importable(checkout.resolve())
     rows = []
     for path in sorted(directory.glob("*.py")):
         row: dict = {"file": path.name}

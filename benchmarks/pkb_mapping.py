@@ -1,4 +1,4 @@
-"""How harness.pkb_solutions pairs the files of PKB solution sets with a checkout's references, as a table.
+"""How harness.parallelkernelbench.solutions pairs the files of PKB solution sets with a checkout's references, as a table.
 
     python benchmarks/pkb_mapping.py CHECKOUT SET [SET ...] [--markdown OUT.md] [--old-numbering]
 
@@ -6,7 +6,7 @@ One row per file name, one column per set (how it was matched; '-' where the set
 the reference it was paired with. Then two checks that the pairing is right, independent of the matcher:
 - signature: every paired file's `solution` has the reference's parameter names (read with ast);
 - --old-numbering: the first public commit's sets number files up to 32 like the references and from 34
-  up one ahead, with the renames of harness/pkb_renames.json; every pairing must agree with that rule.
+  up one ahead, with the renames of harness/parallelkernelbench/renames.json; every pairing must agree with that rule.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def main() -> int:
     parser.add_argument("--old-numbering", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from harness import pkb_compat, pkb_solutions
+    from harness.parallelkernelbench import checkout, solutions
 
-    problems = pkb_compat.list_pkb_problems(args.checkout)
+    problems = checkout.list_problems(args.checkout)
     references = {p.name: p for p in problems}
-    renames = pkb_solutions.known_renames()
-    by_set = {d.name: {m.file: m for m in pkb_solutions.match_files(problems, d)} for d in args.sets}
-    files = sorted({f for matches in by_set.values() for f in matches}, key=pkb_solutions._natural)
+    renames = solutions.known_renames()
+    by_set = {d.name: {m.file: m for m in solutions.match_files(problems, d)} for d in args.sets}
+    files = sorted({f for matches in by_set.values() for f in matches}, key=solutions._natural)
     names = list(by_set)
     lines = ["| file | reference | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     problems_found: list[str] = []
@@ -62,7 +62,7 @@ def main() -> int:
     summary = []
     for s in names:
         matches = list(by_set[s].values())
-        counts = pkb_solutions.tally(matches)
+        counts = solutions.tally(matches)
         differs = [m for m in matches if m.matched and m.signature != "same"]
         wrong = []
         if args.old_numbering:

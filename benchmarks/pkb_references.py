@@ -33,7 +33,7 @@ def judge_one(spec: str, world_size: int, shape: str, trials: int, timing: bool)
     sys.path.insert(0, str(REPO))
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate
-    from harness.problem import load_problem_spec
+    from harness.registry import load_problem_spec
     from harness.requirements import environment_issue
 
     problem = load_problem_spec(spec)
@@ -127,12 +127,12 @@ def main() -> int:
         print(json.dumps(judge_one(args.one, args.world_size, args.shape, args.trials, args.timing)))
         return 0
     sys.path.insert(0, str(REPO))
-    from harness import pkb_compat
+    from harness.parallelkernelbench import checkout
 
-    problems = pkb_compat.list_pkb_problems(args.checkout)
+    problems = checkout.list_problems(args.checkout)
     if args.problems:
         wanted = set(args.problems)
-        problems = [p for p in problems if p.name in wanted or str(pkb_compat.problem_id(p)) in wanted]
+        problems = [p for p in problems if p.name in wanted or str(checkout.problem_id(p)) in wanted]
     rows = []
     for problem in problems:
         row = run_one(problem.loader_spec, args)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def summarize(run: Path) -> str:
     sys.path.insert(0, str(REPO))
-    from harness.problem import load_problem_spec
+    from harness.registry import load_problem_spec
     from harness.requirements import environment_issue
 
     config = json.loads((run / "run.json").read_text())["config"]

@@ -42,7 +42,7 @@ def _is_constant(t: torch.Tensor) -> bool:
     return bool((flat == flat[0]).all())
 
 
-def input_problems(problem: Problem, shape_name: str = "small", world_size: int | None = None,
+def input_issues(problem: Problem, shape_name: str = "small", world_size: int | None = None,
                    seed: int = 1234) -> list[str]:
     """What is wrong with the problem's inputs; an empty list means nothing."""
     w = world_size or problem.world_sizes[0]
@@ -65,7 +65,7 @@ def input_problems(problem: Problem, shape_name: str = "small", world_size: int 
     return sorted(set(issues))
 
 
-def metadata_problems(problem: Problem) -> list[str]:
+def metadata_issues(problem: Problem) -> list[str]:
     issues: list[str] = []
     for key in ("codebase", "path", "symbol"):
         if not problem.source.get(key):

@@ -59,7 +59,7 @@ class Problem:
 
     @property
     def loader_spec(self) -> str:
-        """The string a rank worker passes to load_problem_spec to get this problem back."""
+        """The string a rank worker passes to harness.registry.load_problem_spec to get this problem back."""
         return self.spec or str(self.path)
 
     @property
@@ -82,7 +82,7 @@ class Problem:
     def source_sha256(self) -> str:
         """Hash of everything that defines the reference and its inputs (cache keys use it)."""
         digest = hashlib.sha256(self.path.read_bytes())
-        if self.spec.startswith("pkb:"):  # PKB inputs come from the checkout's own generator
+        if self.spec.startswith("pkb:"):  # a ParallelKernelBench checkout's inputs come from its own generator
             generator = Path(self.spec[4:].split("::", 1)[0]) / "utils" / "input_output_tensors.py"
             if generator.exists():
                 digest.update(generator.read_bytes())
@@ -128,15 +128,6 @@ def load_problem(path: str | Path) -> Problem:
     except Exception as exc:  # a broken problem file must name itself, not crash the caller
         raise MalformedProblem(f"{path}: cannot import: {type(exc).__name__}: {exc}") from exc
     return problem_from_module(module, path)
-
-
-def load_problem_spec(spec: str) -> Problem:
-    """Load a problem from its loader spec: a file path, or 'pkb:...' for a PKB checkout's problem."""
-    if spec.startswith("pkb:"):
-        from harness import pkb_compat  # only problems from a PKB checkout need the adapter
-
-        return pkb_compat.load_pkb_problem_spec(spec)
-    return load_problem(spec)
 
 
 def _fail(path: Path, what: str) -> MalformedProblem:

@@ -1,4 +1,5 @@
-"""Finding problems: discover the suite under problems/<category>/ and select by name, glob or category."""
+"""Finding problems: discover the suite under problems/<category>/, select by name, glob or category, and load
+one by its loader spec (what a rank worker receives)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from harness.parallelkernelbench import checkout
 from harness.problem import CATEGORIES, MalformedProblem, Problem, load_problem
 
 SUITE_ROOT = Path(__file__).resolve().parent.parent / "problems"
@@ -90,3 +92,11 @@ def _unknown_message(selector: str, problems: Sequence[Problem]) -> str:
     close = difflib.get_close_matches(selector, names, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `pkb problems list` shows them all"
     return f"no problem or category matches {selector!r}{hint}"
+
+
+def load_problem_spec(spec: str) -> Problem:
+    """Load a problem from its loader spec (Problem.loader_spec): a file path, or "pkb:..." for a
+    ParallelKernelBench checkout's problem."""
+    if spec.startswith(checkout.SPEC_PREFIX):
+        return checkout.load_spec(spec)
+    return load_problem(spec)

@@ -1,8 +1,8 @@
 """Validating problems: each distributed reference, under gloo, against its single-process oracle.
 
 One pool per world size serves every problem; a problem that fails or hangs costs a pool restart, not
-the run. Problems from a PKB checkout have no oracle: harness.pkb_compat.validate_pkb_problems checks
-what can be checked without one.
+the run. Problems from a ParallelKernelBench checkout have no oracle: validate_without_oracle checks what
+can be checked without one (the reference, judged as a candidate against itself).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from harness import failures, pkb_compat
-from harness.contract_checks import input_problems, metadata_problems
+from harness import failures
+from harness.config import EvalConfig, Limits
+from harness.contract_checks import input_issues, metadata_issues
+from harness.evaluate import evaluate
+from harness.parallelkernelbench import input_report
 from harness.pool import Hang, PoolError, RankPool
 from harness.problem import Problem
 from harness.registry import UnknownProblem, discover, select
@@ -44,8 +47,8 @@ def validate_problems(
     pkb = [p for p in problems if p.origin == "pkb"]
     results: list[Validation] = []
     if pkb:
-        results += pkb_compat.validate_pkb_problems(pkb, world_sizes, shape=shape, trials=trials, seed=seed,
-                                                    timeout=timeout, on_result=on_result)
+        results += validate_without_oracle(pkb, world_sizes, shape=shape, trials=trials, seed=seed, timeout=timeout,
+                                           on_result=on_result)
         problems = [p for p in problems if p.origin != "pkb"]
 
     def record(v: Validation) -> None:
@@ -60,7 +63,7 @@ def validate_problems(
                 if not problem.supports(world_size):
                     continue
                 started = time.perf_counter()
-                issues = metadata_problems(problem) + input_problems(problem, shape, world_size, seed)
+                issues = metadata_issues(problem) + input_issues(problem, shape, world_size, seed)
                 if issues:
                     record(Validation(problem.name, problem.category, world_size, False, "contract",
                                       "; ".join(issues), time.perf_counter() - started))
@@ -101,6 +104,48 @@ def validate_problems(
         finally:
             if pool is not None:
                 pool.close()
+    return results
+
+
+def validate_without_oracle(
+    problems: Sequence[Problem],
+    world_sizes: Sequence[int],
+    *,
+    shape: str = "small",
+    trials: int = 3,
+    seed: int = 0,
+    timeout: float = 60.0,
+    on_result: Callable[[Validation], None] | None = None,
+) -> list[Validation]:
+    """Validate ParallelKernelBench problems under gloo: they have no oracle, so each reference is judged as a candidate
+    against itself by the full harness (harness.evaluate, no timing): it loads, runs on every rank, and
+    agrees with itself on `trials` fresh inputs under the rules a PKB solution is held to. The message
+    says so, and what happened to the inputs."""
+    results: list[Validation] = []
+    for w in world_sizes:
+        for problem in problems:
+            if not problem.supports(w):
+                continue
+            started = time.perf_counter()
+            notes = input_report.probe_inputs(problem, shape, w, seed)
+            config = EvalConfig(trials=max(2, trials), seed=seed, skip_timing=True,
+                                limits=Limits(check_s=timeout, reference_s=max(timeout, 120.0)))
+            result = evaluate(problem, problem.path, world_size=w, device="cpu", shape=shape, config=config)
+            if result.correct:
+                rules = "; ".join(result.integrity.get("rules", {}).values())
+                message = "; ".join([f"no oracle (PKB problem): the reference judged correct against itself on "
+                                     f"{config.trials} trials ({rules})", *notes])
+                verdict = "ok"
+            else:
+                assert result.failure is not None
+                verdict, message = result.verdict, f"the reference against itself: {result.failure.message}"
+                if result.failure.evidence:
+                    message += "\n" + result.failure.evidence
+            v = Validation(problem.name, problem.category, w, result.correct, verdict, message,
+                           time.perf_counter() - started)
+            results.append(v)
+            if on_result:
+                on_result(v)
     return results
 
 

@@ -242,7 +242,7 @@ def _input_lines(spec: str, shape_name: str, world_size: int) -> str:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from harness.problem import load_problem_spec
+    from harness.registry import load_problem_spec
 
     problem = load_problem_spec(spec)
     shape = problem.shape(shape_name)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import builds, pkb_compat
+from harness import builds
+from harness.parallelkernelbench import checkout
 from harness.problem import import_file, module_name_for
 
 ODD = Path(__file__).parent / "fixtures" / "pkb_checkout_oddities"
@@ -21,7 +22,7 @@ REPO = Path(__file__).parent.parent
 
 
 def imported(path: Path) -> types.ModuleType:
-    pkb_compat.ensure_importable(ODD.resolve())
+    checkout.ensure_importable(ODD.resolve())
     return import_file(path, module_name_for(path, "test_builds"))
 
 
@@ -146,8 +147,8 @@ def test_precompile_builds_the_lazy_extension_into_the_cache_the_first_call_hits
     log = (extensions / "pkb_fixture_scaled_copy" / ".ninja_log").read_text()
     stamp = library.stat().st_mtime_ns
     first_call = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-                  "from harness import pkb_compat; from harness.problem import import_file\n"
-                  f"pkb_compat.ensure_importable(__import__('pathlib').Path({str(ODD.resolve())!r}))\n"
+                  "from harness.parallelkernelbench import checkout; from harness.problem import import_file\n"
+                  f"checkout.ensure_importable(__import__('pathlib').Path({str(ODD.resolve())!r}))\n"
                   f"m = import_file(__import__('pathlib').Path({str(LAZY)!r}), 'lazy')\n"
                   "import torch; print(m._get_ext().scaled_copy(torch.ones(2), 3.0).tolist())\n")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import pkb_compat
+from harness.parallelkernelbench import checkout
 from harness.registry import load_suite
 from harness.requirements import environment_issue, file_needs
 
@@ -19,7 +19,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 @pytest.fixture(scope="module")
 def odd():
-    return {p.name: p for p in pkb_compat.list_pkb_problems(ODD)}
+    return {p.name: p for p in checkout.list_problems(ODD)}
 
 
 def write(path: Path, text: str) -> Path:
@@ -92,7 +92,7 @@ def test_missing_packages(odd, tmp_path: Path):
     write(root / "reference" / "1_q.py", "import pkb_fixture_no_such_package as p\n\ndef solution(x):\n"
           "    return p.run(x)\n")
     write(root / "reference" / "2_r.py", "import torch\n\ndef solution(x):\n    return x\n")
-    first, second = pkb_compat.list_pkb_problems(root)
+    first, second = checkout.list_problems(root)
     for device in ("cpu", "cuda"):
         issue = environment_issue(first, None, device)
         assert issue == ("the reference needs the package pkb_fixture_no_such_package, which is not installed here "

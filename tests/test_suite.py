@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from harness.contract_checks import input_problems, metadata_problems
+from harness.contract_checks import input_issues, metadata_issues
 from harness.registry import discover, load_suite
 from harness.validate import validate_problems
 
@@ -20,10 +20,10 @@ def test_no_malformed_problem_files():
 
 @pytest.mark.parametrize("problem", SUITE, ids=[p.name for p in SUITE])
 def test_problem_meets_contract(problem):
-    assert not metadata_problems(problem)
+    assert not metadata_issues(problem)
     for w in (2, 4):
         if problem.supports(w):
-            assert not input_problems(problem, "small", w), input_problems(problem, "small", w)
+            assert not input_issues(problem, "small", w), input_issues(problem, "small", w)
     assert problem.summary and len(problem.summary) > 40
     assert problem.source["path"] and problem.source["symbol"]
 

@@ -1,4 +1,4 @@
-"""A PKB-format checkout (tests/fixtures, written here) loads, validates and is scored end to end on CPU."""
+"""A ParallelKernelBench-format checkout (tests/fixtures, written here) loads, validates and is scored end to end on CPU."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ import torch
 from agent import cli_run
 from agent.cli_common import CliError
 from agent.cli_source import one_in, resolve_source, select_in
-from harness import pkb_compat, pkb_inputs, pkb_solutions
+from harness.parallelkernelbench import checkout, input_report
+from harness.parallelkernelbench import solutions as solution_sets
+from harness.parallelkernelbench import inputs as input_plans
 from harness.compile import compile_candidate
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
-from harness.problem import MalformedProblem, load_problem_spec
+from harness.problem import MalformedProblem
+from harness.registry import load_problem_spec
 from harness.run_reader import read_run
 from harness.seeds import rank_seed
-from harness.validate import validate_problems
+from harness.validate import validate_problems, validate_without_oracle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKOUT = FIXTURES / "pkb_checkout"
@@ -34,14 +37,14 @@ def inputs(problem, rank: int, trial: int, world_size: int = 2, seed: int = 0) -
 
 @pytest.fixture(scope="module")
 def problems():
-    return pkb_compat.list_pkb_problems(CHECKOUT)
+    return checkout.list_problems(CHECKOUT)
 
 
 # -- loading ------------------------------------------------------------------------------------------
 def test_checkout_loads_as_problems(problems):
-    assert pkb_compat.is_pkb_checkout(CHECKOUT)
+    assert checkout.is_checkout(CHECKOUT)
     assert [p.name for p in problems] == ["1_all_reduce", "2_all_gather", "3_reduce_scatter"]
-    assert [pkb_compat.problem_id(p) for p in problems] == [1, 2, 3]
+    assert [checkout.problem_id(p) for p in problems] == [1, 2, 3]
     for p in problems:
         assert p.origin == "pkb" and p.category == "collective" and p.oracle is None and p.traffic is None
         assert p.world_sizes == (2, 4, 8) and p.dtype == torch.bfloat16 and p.atol == p.rtol == 1e-2
@@ -60,7 +63,7 @@ def test_checkout_loads_as_problems(problems):
     ("distributed_sample_sort", "other"),
 ])
 def test_category_guessed_from_the_name(name, category):
-    assert pkb_compat.guess_category(name) == category
+    assert checkout.guess_category(name) == category
 
 
 def test_a_reference_may_declare_its_world_sizes(tmp_path: Path):
@@ -68,7 +71,7 @@ def test_a_reference_may_declare_its_world_sizes(tmp_path: Path):
     shutil.copytree(CHECKOUT, root)
     ref = root / "reference" / "3_reduce_scatter.py"
     ref.write_text("WORLD_SIZES = [4, 2]\n" + ref.read_text())
-    by_name = {p.name: p for p in pkb_compat.list_pkb_problems(root)}
+    by_name = {p.name: p for p in checkout.list_problems(root)}
     assert by_name["3_reduce_scatter"].world_sizes == (2, 4)
     assert by_name["1_all_reduce"].world_sizes == (2, 4, 8)
 
@@ -84,11 +87,11 @@ def test_constant_pkb_inputs_are_perturbed_per_trial(problems):
     assert not torch.equal(a0, a1 / 2), "ranks must differ beyond the fill value"
     assert torch.equal(a0, inputs(p, 0, trial=0)[0]), "reproducible from the seed"
     assert abs(a0.float().mean().item() - 1.0) < 0.05 and abs(a1.float().mean().item() - 2.0) < 0.1
-    assert pkb_compat.input_flags(p) == [pkb_compat.FLAG_PERTURBED]
-    assert any("re-drawn per trial" in n for n in pkb_compat.probe_inputs(p))
+    assert input_report.input_flags(p) == [input_plans.FLAG_PERTURBED]
+    assert any("re-drawn per trial" in n for n in input_report.probe_inputs(p))
     q = problems[1]  # honours trial: left as PKB draws it
     assert not torch.equal(inputs(q, 0, 0)[0], inputs(q, 0, 1)[0])
-    assert pkb_compat.input_flags(q) == [] and pkb_compat.probe_inputs(q) == []
+    assert input_report.input_flags(q) == [] and input_report.probe_inputs(q) == []
 
 
 def test_process_group_arguments_pass_through(problems):
@@ -102,7 +105,7 @@ def test_plan_perturbs_only_what_is_safe():
     zeros = torch.zeros(8)
     structured = torch.linspace(-1, 1, 200)  # identical across trials but not a fill: unknown structure
     varying = (torch.randn(5), torch.randn(5))
-    plan = pkb_compat.plan_inputs((fill, [ints, zeros], structured, varying[0], 7),
+    plan = input_plans.plan_inputs((fill, [ints, zeros], structured, varying[0], 7),
                                   (fill.clone(), [ints.clone(), zeros.clone()], structured.clone(), varying[1], 7))
     assert plan.perturb == [(0,)]
     assert [where for where, _ in plan.constant] == [(1, 0), (1, 1), (2,)]
@@ -114,13 +117,13 @@ def test_plan_perturbs_only_what_is_safe():
 def test_equal_fills_stay_equal_across_ranks():
     """A replicated parameter (the same fill on every rank) must stay replicated after re-drawing."""
     w = torch.full((6, 6), 0.5, dtype=torch.bfloat16)
-    assert torch.equal(pkb_compat._redraw(w, 1 << 20, (0,)), pkb_compat._redraw(w.clone(), 1 << 20, (0,)))
-    assert not torch.equal(pkb_compat._redraw(w, 1 << 20, (0,)), pkb_compat._redraw(w, 2 << 20, (0,)))
+    assert torch.equal(input_plans.redraw(w, 1 << 20, (0,)), input_plans.redraw(w.clone(), 1 << 20, (0,)))
+    assert not torch.equal(input_plans.redraw(w, 1 << 20, (0,)), input_plans.redraw(w, 2 << 20, (0,)))
 
 
 # -- validation and scoring ---------------------------------------------------------------------------
 def test_validation_runs_each_reference_and_says_there_is_no_oracle(problems):
-    results = pkb_compat.validate_pkb_problems(problems, [2], trials=2)
+    results = validate_without_oracle(problems, [2], trials=2)
     assert [(v.problem, v.world_size, v.ok) for v in results] == [(p.name, 2, True) for p in problems], results
     assert all("no oracle" in v.message and "correct against itself" in v.message for v in results)
     assert "re-drawn per trial" in results[0].message
@@ -153,23 +156,23 @@ def test_a_reference_that_mutates_its_inputs_is_judged_by_pkbs_rule(tmp_path: Pa
     ref = root / "reference" / "1_all_reduce.py"
     ref.write_text("import torch.distributed as dist\n\n\ndef solution(tensor):\n"
                    "    dist.all_reduce(tensor)\n    return tensor\n")
-    (v,) = pkb_compat.validate_pkb_problems(pkb_compat.list_pkb_problems(root)[:1], [2], trials=2)
+    (v,) = validate_without_oracle(checkout.list_problems(root)[:1], [2], trials=2)
     assert v.ok, v.message
     assert "modifies its inputs in place" in v.message and "PKB's rule" in v.message
 
 
 def test_solution_set_is_scored_end_to_end_on_cpu(problems, tmp_path: Path):
-    solutions = pkb_compat.solutions_for(SOLUTIONS)
+    solutions = solution_sets.solutions_for(SOLUTIONS)
     assert sorted(solutions) == [1, 2, 3]
     config = EvalConfig(trials=3, timing=TimingConfig.for_device("cpu"))
     for p in problems:
-        (path,) = solutions[pkb_compat.problem_id(p)]
+        (path,) = solutions[checkout.problem_id(p)]
         result = evaluate(p, path, world_size=2, device="cpu", shape="small", config=config)
         assert result.verdict == "correct", (p.name, result.failure)
         assert result.origin == "pkb" and result.speedup is not None and result.speedup > 0
         # What PKB's generator did to the inputs is on the record (problems 1 and 3 fill constants that
         # do not change between trials: re-drawn; problem 2 draws fresh ones).
-        assert (pkb_compat.FLAG_PERTURBED in result.flags) == (p.name != "2_all_gather"), result.flags
+        assert (input_plans.FLAG_PERTURBED in result.flags) == (p.name != "2_all_gather"), result.flags
     wrong = tmp_path / "1_all_reduce_cuda.py"  # forgets to communicate: must be caught
     wrong.write_text("def solution(tensor):\n    return tensor.clone()\n")
     result = evaluate(problems[0], wrong, world_size=2, device="cpu", shape="small", config=config)
@@ -179,25 +182,25 @@ def test_solution_set_is_scored_end_to_end_on_cpu(problems, tmp_path: Path):
 # -- bad input ----------------------------------------------------------------------------------------
 def test_not_a_checkout_is_one_clear_line(tmp_path: Path):
     for path, needle in ((tmp_path / "nope", "no such directory"), (tmp_path, "reference/ is missing")):
-        status = pkb_compat.is_pkb_checkout(path)
+        status = checkout.is_checkout(path)
         assert not status and needle in status.reason and "\n" not in status.reason
-        with pytest.raises(pkb_compat.NotAPkbCheckout, match=needle):
-            pkb_compat.list_pkb_problems(path)
+        with pytest.raises(checkout.NotACheckout, match=needle):
+            checkout.list_problems(path)
     (tmp_path / "reference").mkdir()
     (tmp_path / "reference" / "1_x.py").write_text("def solution(x):\n    return x\n")
-    assert "utils/input_output_tensors.py" in pkb_compat.is_pkb_checkout(tmp_path).reason
+    assert "utils/input_output_tensors.py" in checkout.is_checkout(tmp_path).reason
     with pytest.raises(MalformedProblem, match="does not exist"):
-        pkb_compat.load_pkb_problem_spec(f"pkb:{CHECKOUT.resolve()}::9_missing.py")
+        checkout.load_spec(f"pkb:{CHECKOUT.resolve()}::9_missing.py")
 
 
 def test_solutions_dir_without_matching_files_is_one_clear_line(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("")
     (tmp_path / "1_all_reduce.py").write_text("")  # no backend suffix: not a PKB solution file
-    with pytest.raises(pkb_compat.NoSolutions, match=r"holds no PKB solution file \(<id>_<name>_<backend>.py"):
-        pkb_compat.solutions_for(tmp_path)
-    with pytest.raises(pkb_compat.NoSolutions, match="no such solutions directory"):
-        pkb_compat.solutions_for(tmp_path / "absent")
-    assert pkb_compat.solution_set_info(SOLUTIONS) == {
+    with pytest.raises(solution_sets.NoSolutions, match=r"holds no PKB solution file \(<id>_<name>_<backend>.py"):
+        solution_sets.solutions_for(tmp_path)
+    with pytest.raises(solution_sets.NoSolutions, match="no such solutions directory"):
+        solution_sets.solutions_for(tmp_path / "absent")
+    assert solution_sets.solution_set_info(SOLUTIONS) == {
         "backend": "cuda", "precision": "bf16", "hardware": "cpu", "provider": "scripted", "model": "demo"}
 
 
@@ -218,13 +221,13 @@ def test_cli_source(tmp_path: Path):
 
 
 def test_solutions_are_matched_by_id_and_name(problems, tmp_path: Path):
-    found = pkb_compat.solutions_for(SOLUTIONS)
-    assert [p.name for p in pkb_compat.solutions_of(problems[1], found)] == ["2_all_gather_cuda.py"]
+    found = solution_sets.solutions_for(SOLUTIONS)
+    assert [p.name for p in solution_sets.solutions_of(problems[1], found)] == ["2_all_gather_cuda.py"]
     (tmp_path / "2_all_gather_triton.py").write_text("")
     (tmp_path / "2_gemv_decode_cuda.py").write_text("")  # another reference with the same id
-    found = pkb_compat.solutions_for(tmp_path)
-    assert [p.name for p in pkb_compat.solutions_of(problems[1], found)] == ["2_all_gather_triton.py"]
-    assert pkb_compat.solutions_of(problems[0], found) == []
+    found = solution_sets.solutions_for(tmp_path)
+    assert [p.name for p in solution_sets.solutions_of(problems[1], found)] == ["2_all_gather_triton.py"]
+    assert solution_sets.solutions_of(problems[0], found) == []
 
 
 # -- a checkout shaped like the real one's oddities (tests/fixtures/pkb_checkout_oddities) -----------------
@@ -234,13 +237,13 @@ OLD_SET = ODD / "solutions_cuda_bf16_cpu_scripted_oldnumbers"
 
 @pytest.fixture(scope="module")
 def odd():
-    return {p.name: p for p in pkb_compat.list_pkb_problems(ODD)}
+    return {p.name: p for p in checkout.list_problems(ODD)}
 
 
 def test_every_file_of_an_older_numbered_set_is_accounted_for(odd):
     """The number alone never pairs: 3_moment_dict is reference 2, 4_sparse_apply reference 3, and
     8_gone, whose number is reference 8's, fits nothing."""
-    matches = pkb_solutions.match_solution_set(ODD, OLD_SET)
+    matches = solution_sets.match_solution_set(ODD, OLD_SET)
     got = {m.file: (m.status, m.problem) for m in matches}
     assert got == {
         "1_all_reduce_cuda.py": ("matched", "1_all_reduce"),
@@ -261,7 +264,7 @@ def test_every_file_of_an_older_numbered_set_is_accounted_for(odd):
     assert "<id>_<name>_<backend>.py" in by_file["helper.py"].reason
     assert by_file["NOTES.txt"].reason == "not a Python file"
     assert all(m.signature == "same" for m in matches if m.matched)
-    assert pkb_solutions.tally(matches) == {"matched": 4, "matched by rename": 2, "matched by signature": 1,
+    assert solution_sets.tally(matches) == {"matched": 4, "matched by rename": 2, "matched by signature": 1,
                                             "unmatched": 3}
     assert by_file["8_gone_cuda.py"].line().startswith("8_gone_cuda.py: unmatched: ")
     assert by_file["12_gemm_allgather_cuda.py"].as_dict()["problem"] == "12_allgather_gemm"
@@ -272,7 +275,7 @@ def test_the_signature_vetoes_a_name_and_pairs_what_no_name_fits(odd, tmp_path: 
     (tmp_path / "3_gemm_allgather_cuda.py").write_text("def solution(A_local, B):\n    return A_local @ B\n")
     (tmp_path / "7_scatter_triton.py").write_text("def solution(tensor):\n    return tensor\n")  # id 7, not its sig
     (tmp_path / "30_whatever_cuda.py").write_text("def solution(tensor, group):\n    return tensor\n")
-    got = {m.file: m for m in pkb_solutions.match_files(list(odd.values()), tmp_path)}
+    got = {m.file: m for m in solution_sets.match_files(list(odd.values()), tmp_path)}
     first = got["3_gemm_allgather_cuda.py"]
     assert (first.status, first.problem) == ("matched by signature", "12_allgather_gemm")
     assert "its name is that of 14_gemm_allgather, but differs" in first.reason
@@ -286,19 +289,19 @@ def test_a_signature_is_read_without_running_the_file(tmp_path: Path):
     hostile = tmp_path / "1_x_cuda.py"
     hostile.write_text(f"open({str(marker)!r}, 'w').write('x')\nraise SystemExit(3)\n\n"
                        "@decorate\ndef solution(a, b, *rest):\n    pass\n")
-    sig = pkb_solutions.solution_signature(hostile)
-    assert sig == pkb_solutions.Signature(("a", "b"), varargs=True) and not marker.exists()
+    sig = solution_sets.solution_signature(hostile)
+    assert sig == solution_sets.Signature(("a", "b"), varargs=True) and not marker.exists()
     (tmp_path / "2_y_cuda.py").write_text("")
     (tmp_path / "3_z_cuda.py").write_text("def solution(:\n")
     (tmp_path / "4_w_cuda.py").write_text("solution = print\n")
-    reasons = [pkb_solutions.solution_signature(tmp_path / f) for f in ("2_y_cuda.py", "3_z_cuda.py", "4_w_cuda.py")]
+    reasons = [solution_sets.solution_signature(tmp_path / f) for f in ("2_y_cuda.py", "3_z_cuda.py", "4_w_cuda.py")]
     assert reasons == ["the file is empty", "syntax error at line 1", "solution is assigned, not defined with def"]
 
 
 def test_known_renames_are_data():
-    renames = pkb_solutions.known_renames()
+    renames = solution_sets.known_renames()
     assert renames["18_rms_norm"] == "18_tp_rms_norm" and renames["12_gemm_allgather"] == "12_allgather_gemm"
-    assert all("found" in entry for entry in json.loads(pkb_solutions.RENAMES_FILE.read_text())["renames"])
+    assert all("found" in entry for entry in json.loads(solution_sets.RENAMES_FILE.read_text())["renames"])
 
 
 def test_replay_run_saves_how_every_file_was_matched(tmp_path: Path, capsys):
@@ -317,8 +320,8 @@ def test_replay_run_saves_how_every_file_was_matched(tmp_path: Path, capsys):
 
 # -- inputs: only exact fills are re-drawn ----------------------------------------------------------------
 def test_structured_constants_stay_and_are_reported(odd):
-    report = pkb_compat.input_report(odd["6_camera_project"], "small", 2)
-    assert report.perturbed == [] and report.flags() == [pkb_compat.FLAG_CONSTANT]
+    report = input_report.input_report(odd["6_camera_project"], "small", 2)
+    assert report.perturbed == [] and report.flags() == [input_plans.FLAG_CONSTANT]
     reasons = {n.input: n.reason for n in report.constant}
     assert set(reasons) == {"#1", "#2"} and "identity matrix" in reasons["#1"]  # eye(4) view
     assert "4 distinct values, not a fill" in reasons["#2"]  # intrinsics, K[2,2] = 1
@@ -331,7 +334,7 @@ def test_structured_constants_stay_and_are_reported(odd):
 
 def test_a_stacked_fill_keeps_its_structure_with_new_values(odd):
     p = odd["7_scatter"]  # rank 0 sends slice i (all i + 1) to rank i; the other ranks hold zeros
-    report = pkb_compat.input_report(p, "small", 2)
+    report = input_report.input_report(p, "small", 2)
     assert [(n.input, n.action, n.ranks) for n in report.notes] == [("#0", "perturbed", (0,)), ("#0", "constant", (1,))]
     assert "stacked fill" in report.perturbed[0].reason and "all zeros" in report.constant[0].reason
     a, b = inputs(p, 0, trial=0)[0], inputs(p, 0, trial=1)[0]
@@ -345,36 +348,36 @@ def test_sparse_inputs_and_fixed_shapes_pass_through(odd):
     op, rhs = inputs(odd["3_sparse_apply"], 0, trial=0)
     assert op.layout == torch.sparse_coo and rhs.shape == (64, 8)
     assert not torch.equal(op.to_dense(), inputs(odd["3_sparse_apply"], 0, trial=1)[0].to_dense())
-    assert pkb_compat.input_report(odd["3_sparse_apply"]).notes == ()
+    assert input_report.input_report(odd["3_sparse_apply"]).notes == ()
     points, weight = inputs(odd["5_fixed_centroid"], 1, trial=0)
     assert points.shape == (24, 3) and weight == 0.5  # base_shape ignored, as PKB's 68 does
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([2.0, 2.0]), (2, 2),
                                      check_invariants=True)
-    plan = pkb_compat.plan_inputs((sparse, torch.full((3,), 2.0)), (sparse.clone(), torch.full((3,), 2.0)))
+    plan = input_plans.plan_inputs((sparse, torch.full((3,), 2.0)), (sparse.clone(), torch.full((3,), 2.0)))
     assert plan.perturb == [(1,)] and plan.constant == [((0,), "a sparse_coo tensor")]
 
 
 def test_inputs_of_a_generator_that_builds_process_groups_are_examined(odd):
     """Problem 8 calls new_group in create_input_tensor: drawn in a child under a fake process group."""
-    report = pkb_compat.input_report(odd["8_group_sum"], "small", 2)
+    report = input_report.input_report(odd["8_group_sum"], "small", 2)
     assert report.error is None and [(n.input, n.ranks) for n in report.perturbed] == [("#0", (0, 1))]
     assert not torch.distributed.is_initialized()  # nothing was left in this process
 
 
 def test_inputs_too_large_to_draw_here_are_not_drawn(odd):
     with pytest.raises(ValueError, match=r"GiB at shape 'small' .* not examined"):
-        pkb_compat.draw_plans(odd["1_all_reduce"], "small", 2, max_bytes=1000)
+        input_report.draw_plans(odd["1_all_reduce"], "small", 2, max_bytes=1000)
 
 
 def test_dicts_nested_in_inputs_are_planned():
     first = ({"w": torch.full((4,), 3.0), "idx": torch.arange(4)}, [torch.eye(3)])
     second = ({"w": torch.full((4,), 3.0), "idx": torch.arange(4)}, [torch.eye(3)])
-    plan = pkb_compat.plan_inputs(first, second)
+    plan = input_plans.plan_inputs(first, second)
     assert plan.perturb == [(0, "w")] and [w for w, _ in plan.constant] == [(0, "idx"), (1, 0)]
-    redrawn = pkb_compat.apply_plan(first, plan, 1 << 20)
+    redrawn = input_plans.apply_plan(first, plan, 1 << 20)
     assert isinstance(redrawn[0], dict) and not torch.equal(redrawn[0]["w"], first[0]["w"])
     assert redrawn[0]["idx"] is first[0]["idx"] and redrawn[1][0] is first[1][0]
-    assert pkb_inputs.where_text((0, "w")) == "#0['w']"
+    assert input_plans.where_text((0, "w")) == "#0['w']"
 
 
 # -- the oddities of the real checkout, judged: dict outputs, sparse inputs, PKB's in-place rule ------------

@@ -1,8 +1,9 @@
-"""Draw a PKB problem's inputs for every rank under a fake process group, and print what is re-drawn.
+"""Draw a ParallelKernelBench problem's inputs for every rank under a fake process group, and print what is
+re-drawn.
 
-    python -m harness.pkb_input_probe SPEC SHAPE WORLD_SIZE SEED
+    python -m harness.parallelkernelbench.input_probe SPEC SHAPE WORLD_SIZE SEED
 
-Started by harness.pkb_compat.input_report when PKB's generator builds process groups (new_group needs
+Started by .input_report.input_report when the checkout's generator builds process groups (new_group needs
 one), so the harness's own process never holds a process group. torch's fake backend makes this one
 process rank r of W in turn; its collectives do nothing, which is enough for generators that only build
 groups. Prints one JSON line: {"rows": {rank: [[input, action, reason], ...]}, "error": null}.
@@ -14,16 +15,16 @@ import json
 import sys
 
 import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's own test backend
+
+from harness.parallelkernelbench.checkout import load_spec
+from harness.parallelkernelbench.input_report import draw_plans
 
 
 def main(argv: list[str] | None = None) -> int:
     spec, shape, world_size, seed = (argv if argv is not None else sys.argv[1:])[:4]
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's own test backend
-
-    from harness.pkb_compat import draw_plans, load_pkb_problem_spec
-
-    problem = load_pkb_problem_spec(spec)
-    rows: dict[int, list] = {}
+    problem = load_spec(spec)
+    rows: dict[int, list[tuple[str, str, str]]] = {}
     error = None
     w = int(world_size)
     for rank in range(w):

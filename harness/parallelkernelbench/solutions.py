@@ -1,20 +1,20 @@
-"""Which reference of a PKB checkout each file of a solution set solves, and why we think so.
+"""ParallelKernelBench solution sets: which reference of a checkout each file of a set solves, and why we think so.
 
-A PKB solution set is a folder of `<id>_<name>_<backend>.py` files. Sets recorded against one commit of
+A solution set is a folder of `<id>_<name>_<backend>.py` files. Sets recorded against one commit of
 ParallelKernelBench do not always follow the numbering of another: the first public commit's sets number
-files from 34 up one ahead of the references, and a few names changed (harness/pkb_renames.json). So the
+files from 34 up one ahead of the references, and a few names changed (renames.json, beside this file). So the
 number alone never decides. Each file is matched, in this order:
 
 1. `matched`: its `<id>_<name>` is a reference's stem, or its `<name>` is exactly one reference's name under
    another id (renumbered); a name under another id must also have the reference's signature.
-2. `matched by rename`: its stem is a known old name (pkb_renames.json) of a reference, with its signature.
+2. `matched by rename`: its stem is a known old name (renames.json) of a reference, with its signature.
 3. `matched by signature`: no name fits, and exactly one reference no other file of the set claimed has a
    `solution` with the same parameter names (where several do, the one with the file's own id, if any).
 4. otherwise `unmatched: <reason>`.
 
 Signatures are read from the source with `ast`, never by importing the file: a candidate is hostile code
 and this runs in the harness's own process. Every file of the folder gets a Match, so nothing is dropped
-without a word. Standard library only (besides harness.problem's Problem type).
+without a word. Standard library only (besides harness.problem's Problem type and the checkout's names).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from harness.parallelkernelbench.checkout import CheckoutError, list_problems, problem_id
 from harness.problem import Problem
 
 MATCHED = "matched"
@@ -35,9 +36,15 @@ BY_RENAME = "matched by rename"
 BY_SIGNATURE = "matched by signature"
 UNMATCHED = "unmatched"
 
-RENAMES_FILE = Path(__file__).with_name("pkb_renames.json")
+RENAMES_FILE = Path(__file__).with_name("renames.json")
+BACKENDS = ("cuda", "triton", "parallelkittens")
 SOLUTION_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)_(cuda|triton|parallelkittens)\.py$")
+SOLUTION_SET_RE = re.compile(r"^solutions_(cuda|triton|parallelkittens)_([^_]+)_([^_]+)_([^_]+)_(.+)$")
 REFERENCE_STEM_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)$")
+
+
+class NoSolutions(CheckoutError):
+    """A folder that holds no solution file."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ def _renames(path: Path = RENAMES_FILE) -> dict[str, str]:
 
 
 def known_renames() -> dict[str, str]:
-    """Old solution stem -> reference stem, from harness/pkb_renames.json."""
+    """Old solution stem -> reference stem, from renames.json."""
     return dict(_renames())
 
 
@@ -213,7 +220,7 @@ def _by_name(file: str, stem: str, pid: int, words: str, sig: Signature | str, b
         else:
             verdict = compare_signatures(sig, target.signature)
             if not verdict.startswith("differs"):
-                return Match(file, BY_RENAME, target.problem.name, f"{stem} was renamed {new} (pkb_renames.json)",
+                return Match(file, BY_RENAME, target.problem.name, f"{stem} was renamed {new} (renames.json)",
                              verdict), ""
             notes.append(f"renamed {new}, but {verdict.removeprefix('differs: ')}")
     named = by_words.get(words, [])
@@ -256,9 +263,7 @@ def _by_signature(file: str, pid: int, words: str, sig: Signature | str, why_not
 def match_solution_set(checkout: str | Path | Sequence[Problem], directory: str | Path) -> list[Match]:
     """Match every file of a solution set against a checkout's references (a path, or its problems)."""
     if isinstance(checkout, (str, Path)):
-        from harness.pkb_compat import list_pkb_problems
-
-        problems: Sequence[Problem] = list_pkb_problems(checkout)
+        problems: Sequence[Problem] = list_problems(checkout)
     else:
         problems = checkout
     return match_files(problems, directory)
@@ -270,3 +275,39 @@ def tally(matches: Sequence[Match]) -> dict[str, int]:
     for m in matches:
         counts[m.status] += 1
     return counts
+
+
+# -- solution files by name alone ------------------------------------------------------------------
+def solutions_for(directory: str | Path) -> dict[int, list[Path]]:
+    """Solution files <id>_<name>_<backend>.py of a directory, by problem id (sorted paths)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise NoSolutions(f"{d}: no such solutions directory")
+    found: dict[int, list[Path]] = {}
+    for path in sorted(d.iterdir()):
+        m = SOLUTION_RE.match(path.name)
+        if m and path.is_file():
+            found.setdefault(int(m.group(1)), []).append(path)
+    if not found:
+        raise NoSolutions(f"{d} holds no PKB solution file (<id>_<name>_<backend>.py with backend "
+                          f"{', '.join(BACKENDS)})")
+    return found
+
+
+def solutions_of(problem: Problem, found: dict[int, list[Path]]) -> list[Path]:
+    """The files of `found` (from solutions_for) named <id>_<name>_<backend>.py with the reference's own
+    stem. The id alone never pairs a file with a problem (recorded sets use older numberings); to pair a
+    whole set by name, known renames and signature, with a reason for every file, use
+    match_solution_set."""
+    pid = problem_id(problem)
+    if pid is None:
+        return []
+    return [p for p in found.get(pid, []) if SOLUTION_RE.match(p.name) and p.name.rsplit("_", 1)[0] == problem.name]
+
+
+def solution_set_info(directory: str | Path) -> dict[str, str] | None:
+    """Backend, precision, hardware, provider and model from a set named solutions_<b>_<p>_<h>_<prov>_<model>."""
+    m = SOLUTION_SET_RE.match(Path(directory).name)
+    if m is None:
+        return None
+    return dict(zip(("backend", "precision", "hardware", "provider", "model"), m.groups()))
