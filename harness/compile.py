@@ -31,7 +31,7 @@ from typing import Any
 
 from harness import channel, failures
 from harness.builds import may_build
-from harness.pool import REPO_ROOT, cache_root, worker_env
+from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, cache_root, worker_env
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
 
 MAX_ERROR_CHARS = 3000
@@ -206,8 +206,6 @@ def stop_build(proc: subprocess.Popen, folder: Path, since: float) -> dict[str, 
     own session; ninja starts each compiler in a process group of its own, so every process of the
     session dies, and torch's build locks created since the build started go (a later build of an
     extension with that name would otherwise wait on them until it, too, ran out of time)."""
-    from harness.pool import _pid_namespace_members, _sandbox_init
-
     init = _sandbox_init(proc.pid)
     sandboxed = len(_pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
     try:

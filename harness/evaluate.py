@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import failures, integrity, reference_cache, requirements
+from harness.candidate import required_positional
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
-from harness.fingerprint import environment, hardware_key
+from harness.emulation.errors import parse_refusal, refusal_is_plausible
+from harness.environment import environment, hardware_key
 from harness.flags import EMULATED, fast_eligible
 from harness.integrity import IntegrityConfig
 from harness.judge import plausibility, timing, trials, watchdog
@@ -183,8 +185,6 @@ class _Evaluation:
         the rank's claim, so it counts only where the candidate's source names such an API."""
         if self.config.ranks_per_gpu <= 1 or failure.verdict != failures.RUNTIME_ERROR:
             return failure
-        from harness.emulation.errors import parse_refusal, refusal_is_plausible
-
         refusal = parse_refusal(f"{failure.message}\n{failure.evidence}")
         if refusal is None or not refusal_is_plausible(refusal, self.source.decode(errors="replace")):
             return failure
@@ -473,8 +473,6 @@ class _Evaluation:
 
 
 def _required(problem: Problem) -> list[str]:
-    from harness.candidate import required_positional
-
     return required_positional(problem.solution)
 
 

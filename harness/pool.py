@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import channel, failures
-from harness.sandbox import SandboxInfo, SandboxPolicy, clean_environment, probe
+from harness.emulation import layout
+from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -342,8 +343,6 @@ class RankPool:
         if self.role == "candidate":
             env = clean_environment(env, self.scratch)
             if self.sandboxed:
-                from harness.sandbox import EXT_MOUNT
-
                 if self.extensions is not None:
                     env["TORCH_EXTENSIONS_DIR"] = EXT_MOUNT
                 policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions, hide=(cache_root(),),
@@ -364,8 +363,6 @@ class RankPool:
         rank (`gpus`, which may repeat when ranks share GPUs), or the visible ones in order."""
         if self.device != "cuda":
             return None, []
-        from harness.emulation import layout
-
         per_rank = self.gpus
         if per_rank is None:
             if self.ranks_per_gpu <= 1:

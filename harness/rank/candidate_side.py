@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness import failures
-from harness.candidate import CandidateError, load_candidate, trimmed_traceback
+from harness.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
 from harness.rank import transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
 from harness.rank.timed import TimedSession
@@ -72,9 +72,9 @@ def watch_builds(worker: Worker) -> None:
 def load(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     watch_builds(worker)
     if not worker.candidates and not worker.guard.captured:
-        # Everything the worker relies on, as it is before the first line of candidate code runs.
-        from harness.rank import worker as worker_module
-
+        # Everything the worker relies on, as it is before the first line of candidate code runs. (Its module
+        # is looked up, not imported: harness.rank.worker imports this one.)
+        worker_module = sys.modules[type(worker).__module__]
         worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker)])
         worker.baseline_threads = {t.ident for t in threading.enumerate() if t.ident is not None}
     collectives = worker.monitor.state()
@@ -142,8 +142,6 @@ def _look_back(worker: Worker, path: str | None) -> bool:
 
 
 def _is_build_error(exc: BaseException) -> bool:
-    from harness.candidate import classify_load_error
-
     return classify_load_error(exc) == failures.COMPILE_ERROR
 
 

@@ -32,11 +32,12 @@ import torch.distributed as dist
 
 from harness import channel, failures
 from harness.candidate import trimmed_traceback
+from harness.flags import SPAWNED_THREADS
 from harness.problem import Problem
-from harness.registry import load_problem_spec
 from harness.rank import candidate_side, reference_side
 from harness.rank.timed import TimedSession
 from harness.rank.tripwires import CollectiveMonitor, Guard
+from harness.registry import load_problem_spec
 from harness.seeds import rank_seed
 
 ROLES = ("trusted", "candidate")
@@ -156,8 +157,6 @@ class Worker:
         raise ValueError(f"unknown op {op!r}")
 
     def thread_flags(self) -> list[str]:
-        from harness.flags import SPAWNED_THREADS
-
         if not self.candidates:
             return []
         alive = {t.ident for t in threading.enumerate() if t.ident is not None}
@@ -165,7 +164,7 @@ class Worker:
 
 
 def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
-    from harness.flags import TAMPERING
+    from harness.flags import TAMPERING  # a local of this frame, bound before any candidate code runs
 
     sealer: channel.ReplySealer | None = None
     # Held by this frame from the start: replacing Worker or Guard attributes later changes nothing here,
