@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tools.base import TOOL_NAMES
+from tools.specs import TOOL_NAMES
 
 SUBMIT = "submit"
 # Always given to an agent, never ablated: it only returns the model's own earlier candidate, which the

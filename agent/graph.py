@@ -11,8 +11,8 @@
   cache breakpoints (agent.caching); a request that cannot fit stops the sample with `context_overflow`
   before it is sent. Token usage (cache reads and writes, reasoning) and cost are recorded; tokens,
   dollars and wall time are checked again right after the reply, so no tool runs on a spent budget.
-- tools: every tool call of the reply through tools.run_tool. Tools that run candidates on a device take
-  a lease from the DeviceScheduler first. Every candidate a tool saw is kept as candidates/NNN.py with
+- tools: every tool call of the reply through agent.tool_calls.run_tool_call. Tools that run candidates
+  on a device take a lease from the DeviceScheduler first. Every candidate a tool saw is kept as candidates/NNN.py with
   its structured result in candidates/NNN.json; `submit` ends the sample.
 - score: the submitted candidate, or else the last one, is copied to final.py and evaluated with the
   full harness on a fresh seed, scoring_seed(seed): the tools check with the run's seed, so the inputs
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -52,27 +51,27 @@ from langgraph.graph import END, START, StateGraph, add_messages
 import prompts
 from agent import caching
 from agent.budgets import Budget, BudgetTracker, Spent
-from agent.conditions import AGENT, RECALL, SUBMIT, Condition
+from agent.conditions import AGENT, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
-from agent.executors import EvalRequest, Executor, as_device_call, as_evaluate, device_seconds
-from agent.providers import ProviderError
+from agent.executors.interface import Executor
+from agent.executors.request import EvalRequest, device_seconds
+from agent.model_spec import ProviderError
 from agent.retry import invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
+from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
-from agent.usage import PriceTable, usage_of
+from agent.tool_calls import candidate_entry, reply_candidate, run_tool_call, tool_context
+from agent.usage import usage_of
 from harness import failures
 from harness.compile import compile_candidate
 from harness.config import EvalConfig
 from harness.evaluate import evaluate
 from harness.problem import Problem
 from harness.results import EvalResult
-from tools.base import ToolContext, ToolOutcome, run_tool, save_candidate
-from tools.langchain import make_tools
+from tools.langchain_tools import make_tools
 
 # The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
 SCORING_SEED_OFFSET = 1_000_003
-# Tools that never touch a device (a compile runs in its own process; submit only records).
-DEVICE_FREE_TOOLS = frozenset({"compile", SUBMIT, RECALL})
 # An infra_error of the final scoring is the harness's failure: tried this many times in all.
 SCORING_ATTEMPTS = 3
 
@@ -117,38 +116,6 @@ class AgentState(TypedDict, total=False):
     result: dict[str, Any] | None  # the final scoring's EvalResult, as JSON
     scoring: dict[str, Any]  # {"seconds", "gpu_s", "attempts", "final"}
     context: dict[str, Any]  # agent.context.ContextState.as_dict(): which calls are shortened, the size ratio
-
-
-@dataclass
-class SampleContext:
-    """Everything one sample's nodes need that is not state (never checkpointed)."""
-
-    problem: Problem
-    condition: Condition
-    model: BaseChatModel | None
-    model_name: str  # "provider:model", the price table's key
-    directory: SampleDir
-    budget: Budget
-    prices: PriceTable | None
-    config: EvalConfig  # what the tools evaluate with; the final scoring uses scoring_seed(config.seed)
-    scheduler: DeviceScheduler | None  # None only with an executor
-    world_size: int
-    device: str
-    shape: str
-    topology: dict[str, Any] | None = None
-    log: Any = None  # a structlog logger bound to this sample
-    model_attempts: int = 5
-    answer_tokens: int = 600
-    guide_in_prompt: bool = True
-    # Where evaluations run when not on this node's scheduler (a Ray cluster); None: here, in leases.
-    executor: Executor | None = None
-    # The model's window and when to start shortening old candidates; None or window None: not managed.
-    context_policy: ContextPolicy | None = None
-    prompt_cache: bool = True  # Anthropic breakpoints (agent.caching); off only to measure what caching saves
-
-    @property
-    def provider(self) -> str:
-        return self.model_name.partition(":")[0]
 
 
 # -- prompts and text --------------------------------------------------------------------------------
@@ -216,21 +183,6 @@ def _drop_orphans(ctx: SampleContext, state: AgentState) -> None:
             path.unlink(missing_ok=True)
 
 
-def _entry(ctx: SampleContext, path: Path, tool: str | None, tool_call_id: str | None, message_id: str | None,
-           verdict: Any, speedup: Any = None) -> dict[str, Any]:
-    return {"index": int(path.stem), "path": ctx.directory.relative(path), "tool": tool,
-            "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict,
-            "speedup": speedup if isinstance(speedup, (int, float)) else None}
-
-
-def _reply_candidate(ctx: SampleContext, code: str, message_id: str) -> dict[str, Any]:
-    """candidates/NNN.py for code the model wrote in a reply (zero-shot, or an agent's last word)."""
-    path = save_candidate(tool_context(ctx, gpus=None), code if code.endswith("\n") else code + "\n")
-    write_json_atomic(path.with_suffix(".json"), {"source": "reply", "message_id": message_id,
-                                                  "candidate": ctx.directory.relative(path)})
-    return _entry(ctx, path, None, None, message_id, None)
-
-
 # -- scoring ----------------------------------------------------------------------------------------
 @dataclass
 class Scored:
@@ -282,15 +234,6 @@ def bind_model(ctx: SampleContext) -> tuple[Runnable[Any, BaseMessage], int]:
     schema_ctx = tool_context(ctx, gpus=None)
     tools = make_tools(list(ctx.condition.bound_tools), schema_ctx)
     return ctx.model.bind_tools(tools), tools_token_count([convert_to_openai_tool(t) for t in tools])
-
-
-def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
-    """The tools' view of the sample; with an executor, their device work goes through it (adding to `spent`)."""
-    remote = {} if ctx.executor is None else {"evaluate": as_evaluate(ctx.executor, spent),
-                                              "on_devices": as_device_call(ctx.executor, spent)}
-    return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                       config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
-                       **remote)
 
 
 def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
@@ -368,7 +311,7 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
             update["stop_reason"] = NO_CODE
             return update
         _drop_orphans(ctx, state)
-        entry = _reply_candidate(ctx, code, reply.id)
+        entry = reply_candidate(ctx, code, reply.id)
         update["candidates"] = [*(state.get("candidates") or []), entry]
         update["submitted"] = entry["path"]
         update["stop_reason"] = SUBMITTED if is_agent else ZERO_SHOT
@@ -395,13 +338,13 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
                 messages.append(ToolMessage(content=f"not run: the sample ended with {SUBMIT}", tool_call_id=call_id,
                                             name=name, status="error"))
                 continue
-            outcome, gpu_s, error = _run_one(ctx, name, call.get("args") or {})
+            outcome, gpu_s, error = run_tool_call(ctx, name, call.get("args") or {})
             spend.record_tool(name, gpu_s)
             if error is not None:
                 messages.append(ToolMessage(content=error, tool_call_id=call_id, name=name, status="error"))
                 continue
             if outcome.candidate is not None:  # saved by the tool, with its record beside it
-                candidates.append(_entry(ctx, Path(outcome.candidate), name, call_id, None,
+                candidates.append(candidate_entry(ctx, Path(outcome.candidate), name, call_id, None,
                                          (outcome.data or {}).get("verdict"), (outcome.data or {}).get("speedup")))
             if outcome.ends_sample:  # its own candidate, else the last one; "" when there is none (no_code)
                 submitted = candidates[-1]["path"] if candidates else ""
@@ -458,39 +401,6 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
 def recursion_limit(budget: Budget) -> int:
     """LangGraph's step limit: three steps a turn (guard, model, tools) and a margin; the budget stops first."""
     return 3 * budget.max_turns + 10 if budget.max_turns is not None else 1_000_000
-
-
-def _run_one(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:
-    """One tool call: (ToolOutcome, GPU seconds, None) or (None, GPU seconds, error text for the model).
-
-    GPU seconds are the tool's own figure where it reports one (CUDA), else the device lease it held, in
-    seconds x ranks: on CPU that is the rank processes' time, so a GPU budget works the same way there.
-    """
-    if name not in ctx.condition.bound_tools:
-        return None, 0.0, f"error: no tool named {name!r}; available: {', '.join(ctx.condition.bound_tools)}"
-    lease = None
-    spent: list[float] = []  # device seconds of the executor's evaluations (no lease is taken here then)
-    try:
-        if name in DEVICE_FREE_TOOLS:
-            outcome = run_tool(name, args, tool_context(ctx, gpus=None))
-        elif ctx.executor is not None:
-            outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
-        else:
-            assert ctx.scheduler is not None
-            with ctx.scheduler.lease() as lease:
-                outcome = run_tool(name, args, tool_context(ctx, gpus=lease.gpus))
-    except Exception as exc:  # a tool's failure is reported to the model, logged, and never ends the run
-        if ctx.log is not None:
-            ctx.log.exception("tool_failed", tool=name)
-        held = lease.device_seconds if lease is not None else sum(spent)
-        return None, held, f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
-    reported = float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
-    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else sum(spent))
-    if ctx.log is not None:
-        data = getattr(outcome, "data", {}) or {}
-        ctx.log.info("tool", tool=name, verdict=data.get("verdict"), gpu_s=round(gpu_s, 3),
-                     candidate=str(outcome.candidate) if outcome.candidate else None)
-    return outcome, gpu_s, None
 
 
 # -- transcript -------------------------------------------------------------------------------------

@@ -27,62 +27,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
 
 from langchain_core.language_models import BaseChatModel
 
-if TYPE_CHECKING:
-    from agent.model_table import ModelTable
-    from agent.reasoning import ReasoningConfig
+from agent.model_spec import PROVIDERS, VALID_FORMS, ModelSpec, Provider, ProviderError, parse_model_spec
+from agent.model_table import ModelTable, load_model_table
+from agent.reasoning import ReasoningConfig, request_options
+from agent.scripted import scripted_model
 
-Provider = Literal["openai", "anthropic", "scripted", "replay"]
-PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic", "scripted", "replay")
-VALID_FORMS = "openai:MODEL, anthropic:MODEL, replay:DIR or scripted:NAME"
+__all__ = ["PROVIDERS", "VALID_FORMS", "ModelSpec", "Provider", "ProviderError", "make_chat_model", "parse_model_spec"]
+
 DEFAULT_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 PLACEHOLDER_KEY = "EMPTY"  # what vLLM's and SGLang's docs pass when the server runs without --api-key
 DEFAULT_TIMEOUT_S = 600.0
-
-
-class ProviderError(Exception):
-    """A model-provider failure the user must act on; its message is one line, fit for the CLI.
-
-    kind: "config" (bad model string, missing key, bad URL), "request" (the server refused the request:
-    400, 401, 404, ...), "rate_limit", "server" (5xx), "unreachable" (no connection), "timeout" (no
-    answer in time), "script" (a scripted model ran out). status is the HTTP status where there was one.
-    """
-
-    def __init__(self, message: str, *, kind: str = "config", status: int | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    provider: Provider
-    name: str  # the model name, the script name, or the replay directory
-
-    @property
-    def text(self) -> str:
-        """The canonical model string; also the key of the price table."""
-        return f"{self.provider}:{self.name}"
-
-    @property
-    def is_chat_model(self) -> bool:
-        return self.provider != "replay"
-
-
-def parse_model_spec(text: str) -> ModelSpec:
-    """Parse "provider:name". Only the first colon splits (model names may contain colons)."""
-    provider, sep, name = text.strip().partition(":")
-    provider, name = provider.strip().lower(), name.strip()
-    if not sep or provider not in PROVIDERS:
-        raise ProviderError(f"unknown model {text!r}: use {VALID_FORMS}")
-    if not name:
-        raise ProviderError(f"model {text!r} has nothing after '{provider}:': use {VALID_FORMS}")
-    return ModelSpec(provider, name)  # type: ignore[arg-type]  # provider checked against PROVIDERS
 
 
 def make_chat_model(
@@ -99,16 +57,11 @@ def make_chat_model(
 ) -> BaseChatModel:
     """The chat model for `spec`, with SDK retries off. `env` defaults to os.environ (tests pass their own);
     `models` defaults to the packaged model table."""
-    from agent.model_table import load_model_table
-    from agent.reasoning import ReasoningConfig, request_options
-
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
     env = os.environ if env is None else env
     if spec.provider == "replay":
         raise ProviderError(f"{spec.text} replays solution files; it has no chat model (the runner reads DIR)")
     if spec.provider == "scripted":
-        from agent.scripted import scripted_model  # scripted imports this module
-
         return scripted_model(spec.name)
     if base_url is not None and not base_url.startswith(("http://", "https://")):
         raise ProviderError(f"base URL must start with http:// or https://, got {base_url!r}")

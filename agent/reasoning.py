@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent.model_spec import ProviderError
 from agent.model_table import ModelInfo, ModelTable
-from agent.providers import ProviderError
 
 # What an Anthropic reply may hold when no limit is given: ChatAnthropic would take the model's whole
 # output limit (128K), which a budget cap then has to cover in full; 32K is far above any kernel file.

@@ -2,7 +2,9 @@
 
 A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target:
 a reader (or a resumed run) sees the old file or the new one, never half of one, whatever moment the
-writer is killed at.
+writer is killed at. The file gets the mode an ordinary write would give it (0666 less the umask), not
+the 0600 of a temporary file. The run's schema names are defined here, where runs are written;
+agent.report.run_reader reads them.
 """
 
 from __future__ import annotations
@@ -20,10 +22,28 @@ RUNNING = "running"
 FINISHED = "finished"
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, which would race with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)  # no /proc (not Linux): read it by setting it, once, at import
+    os.umask(current)
+    return current
+
+
+FILE_MODE = 0o666 & ~_umask()
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp makes it 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -8,7 +8,7 @@ agent sample continues from its LangGraph checkpoint (runs/<id>/checkpoints.sqli
 "<problem>/<condition>/<k>"), so the turns it already took are neither repeated nor counted twice.
 
 Samples run in `concurrency` threads; their evaluations share the devices through one DeviceScheduler, or,
-with a Ray executor (agent.executors), go to a cluster as tasks while the agent loops stay here. The
+with a Ray executor (agent.executors.ray_cluster), go to a cluster as tasks while the agent loops stay here. The
 executor is not part of the run's config: a run started on one executor resumes on the other.
 What is not the model's fault is reported apart: an infra_error of the final scoring (retried, see
 agent.graph.score_file), provider outages that outlast the retries (the sample stays unfinished for
@@ -34,15 +34,16 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from pydantic import BaseModel, Field
 
+import prompts
 from agent.budgets import Budget, Spent
 from agent.conditions import REPLAY, Condition, parse_condition
 from agent.context import DEFAULT_SHARE, ContextPolicy
-from agent.executors import Executor, LocalExecutor
+from agent.executors.interface import Executor
+from agent.executors.local import LocalExecutor
 from agent.graph import (
     NO_CODE,
     REPLAYED,
     FatalProviderError,
-    SampleContext,
     TransientProviderError,
     build_graph,
     initial_messages,
@@ -66,12 +67,14 @@ from agent.rundir import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
 from agent.usage import PriceTable
-from harness import failures
+from harness import failures, topology
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
+from harness.environment import environment
 from harness.flags import is_emulated
 from harness.problem import Problem
 
@@ -188,8 +191,6 @@ def topology_record(device: str) -> dict[str, Any] | None:
     """The saved topology profile (`pkb topology`), on CUDA runs; None on CPU or where none is saved."""
     if device != "cuda":
         return None
-    from harness import topology
-
     try:
         profile = topology.load()
     except topology.TopologyError:
@@ -198,9 +199,6 @@ def topology_record(device: str) -> dict[str, Any] | None:
 
 
 def run_header(run_id: str, config: RunConfig, prices: PriceTable | None) -> dict[str, Any]:
-    import prompts
-    from harness.fingerprint import environment
-
     return {
         "schema": RUN_SCHEMA,
         "run_id": run_id,

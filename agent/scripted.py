@@ -28,7 +28,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field, PrivateAttr
 
-from agent.providers import ProviderError
+from agent.model_spec import ProviderError
 
 DEFAULT_USAGE = UsageMetadata(input_tokens=100, output_tokens=20, total_tokens=120)
 

@@ -20,9 +20,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage
+if TYPE_CHECKING:  # usage_of reads a reply's metadata; this module itself needs no LangChain (pkb --help reads it)
+    from langchain_core.messages import AIMessage
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.json")
 _DATE_SUFFIX = re.compile(r"-(\d{8}|\d{4}-\d{2}-\d{2})$")  # dated snapshots: claude-x-20250929, gpt-x-2025-08-07

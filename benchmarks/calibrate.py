@@ -21,7 +21,7 @@ from harness.pool import SAFE_ENV  # noqa: E402
 os.environ.update(SAFE_ENV)  # before torch touches a GPU: NVLink multicast stays off
 
 from harness.config import TimingConfig  # noqa: E402
-from harness.fingerprint import hardware_key  # noqa: E402
+from harness.environment import hardware_key  # noqa: E402
 from harness.topology import MiB, Profile, calibrate, ceilings, discover, save  # noqa: E402
 
 

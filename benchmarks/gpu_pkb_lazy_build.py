@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.parallelkernelbench import checkout  # noqa: E402
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
+from harness.parallelkernelbench import checkout  # noqa: E402
 
 
 def main() -> int:

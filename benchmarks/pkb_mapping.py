@@ -1,4 +1,5 @@
-"""How harness.parallelkernelbench.solutions pairs the files of PKB solution sets with a checkout's references, as a table.
+"""How harness.parallelkernelbench.solutions pairs the files of PKB solution sets with a checkout's references, as
+a table.
 
     python benchmarks/pkb_mapping.py CHECKOUT SET [SET ...] [--markdown OUT.md] [--old-numbering]
 

@@ -3,11 +3,14 @@ in one typed place."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from harness.integrity import IntegrityConfig
 
 
 class TimingConfig(BaseModel):
@@ -44,38 +47,31 @@ class Limits(BaseModel):
                                                         "inputs, timing); an overrun is infra_error")
 
 
-class IntegrityChecks(BaseModel):
-    """Settings of the integrity checks (harness.integrity.IntegrityConfig, which the rank workers read:
-    they cannot import pydantic). A field left None takes the device's default (CPU and GPU differ in
-    delays and margins); a misspelt name is an error, not a silently ignored setting."""
+class IntegrityChecksBase(BaseModel):
+    """Settings of the integrity checks, made from harness.integrity.IntegrityConfig's fields (the one
+    definition: the rank workers read that dataclass, they cannot import pydantic). A field left None takes
+    the device's default (CPU and GPU differ in delays and margins); a misspelt name is an error, not a
+    silently ignored setting."""
 
     model_config = ConfigDict(extra="forbid")
-
-    stress_trials: int | None = Field(None, ge=0, description="correctness trials with one rank late")
-    stress_delay_s: float | None = Field(None, ge=0, description="how late the late rank starts")
-    jitter_s: float | None = Field(None, ge=0, description="random start delay of every rank in every call")
-    precision_probe: bool | None = Field(None, description="a trial whose inputs expose a reduced-precision path")
-    lazy_delay_s: float | None = Field(None, ge=0, description="pause before re-reading an output")
-    fresh_iters: int | None = Field(None, ge=0, description="timed calls on never-seen inputs (input caching)")
-    timed_checks: int | None = Field(None, ge=0, description="timed calls whose outputs are judged (chosen at "
-                                                             "random after each returned)")
-    busy_bytes: int | None = Field(None, ge=4, description="GPU: low-priority work around every checked call")
-    guard: bool | None = Field(None, description="the rank's tripwire: harness and runtime callables verified "
-                                                 "after every request")
-    caching_ratio: float | None = Field(None, ge=1.0, description="fresh median above ratio * median + margin "
-                                                                  "reads as input caching")
-    caching_margin_ms: float | None = Field(None, ge=0)
-    impossible_slack: float | None = Field(None, gt=0, le=1.0, description="median below slack * roofline "
-                                                                          "bound reads as impossible")
-    reconcile: bool | None = Field(None, description="claimed times checked against the harness's own clock")
-    unexplained_ratio: float | None = Field(None, ge=0)
-    unexplained_margin_ms: float | None = Field(None, ge=0, description="per-iteration time the claims leave "
-                                                                        "unexplained beyond the reference's, "
-                                                                        "above which times are inconsistent")
 
     def overrides(self) -> dict[str, Any]:
         """The settings given, for IntegrityConfig.coerce to lay over the device's defaults."""
         return self.model_dump(exclude_none=True)
+
+
+def _optional_fields(knobs: type[IntegrityConfig]) -> dict[str, Any]:
+    """Each knob as an optional pydantic field: None by default, its description and bounds from the metadata."""
+    hints = get_type_hints(knobs)
+    return {f.name: (hints[f.name] | None, Field(None, description=f.metadata["doc"], **f.metadata["bounds"]))
+            for f in dataclasses.fields(knobs)}
+
+
+if TYPE_CHECKING:  # the type checker sees the base; at run time the class carries every knob as a field
+    IntegrityChecks = IntegrityChecksBase
+else:
+    IntegrityChecks = create_model("IntegrityChecks", __base__=IntegrityChecksBase, __module__=__name__,
+                                   **_optional_fields(IntegrityConfig))
 
 
 class EvalConfig(BaseModel):

@@ -1,4 +1,5 @@
-"""Integrity settings and the constants both sides of the trust boundary share. Plain data + torch.
+"""Integrity settings and the constants both sides of the trust boundary share. Plain data (torch only for the
+precision probe's inputs, imported where they are made).
 
 What the checks are, and which side runs them:
 - the judge (harness.judge, a process that never imports candidate code) decides every verdict and
@@ -14,10 +15,8 @@ tests/exploits/README.md says what each measure does and does not stop.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields
-from typing import Any
-
-import torch
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from harness.flags import (  # noqa: F401 - the flags' names, re-exported (harness.flags has no torch)
     IMPOSSIBLE,
@@ -38,31 +37,45 @@ from harness.flags import (  # noqa: F401 - the flags' names, re-exported (harne
     USES_NCCL,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 # Trial numbers of the extra correctness trials: far from the T ordinary ones and from timing's sets.
 STRESS_TRIAL_BASE = 500_000
 PROBE_TRIAL = 600_000
 FRESH_TRIAL_OFFSET = 500_000  # added to timing's trial base for the never-seen (fresh) input sets
 
 
+def _knob(default: Any, doc: str, **bounds: float) -> Any:
+    """A field of IntegrityConfig: its default, what it does, and the bounds a setting must respect (ge, gt,
+    le), which harness.config.IntegrityChecks enforces on what a user gives."""
+    return field(default=default, metadata={"doc": doc, "bounds": bounds})
+
+
 @dataclass
 class IntegrityConfig:
-    """Knobs of the integrity checks; `for_device` gives the defaults. Plain data: it travels to ranks."""
+    """Knobs of the integrity checks, defined once: `for_device` gives the defaults, and
+    harness.config.IntegrityChecks (the typed settings of EvalConfig) is made from these fields. Plain data:
+    it travels to the ranks, which cannot import pydantic."""
 
-    stress_trials: int = 2  # correctness trials with one rank late (stress trial i delays rank i % W)
-    stress_delay_s: float = 0.05  # how late: host sleep on CPU, device spin on GPU
-    jitter_s: float = 0.005  # every call's ranks start up to this much apart, so stress calls do not stand out
-    precision_probe: bool = True  # a trial whose inputs make reduced precision exceed the tolerance
-    lazy_delay_s: float = 0.05  # pause before re-reading an output to see whether it still changes
-    fresh_iters: int = 5  # timed calls on never-seen inputs, compared with the rotated-input median
-    timed_checks: int = 6  # timed calls (chosen at random, after they return) whose outputs are judged
-    busy_bytes: int = 256 << 20  # GPU: low-priority work kept running around every checked call
-    guard: bool = True  # the rank's tripwire: harness and runtime callables verified after every request
-    caching_ratio: float = 1.5  # fresh median above ratio * median + margin reads as input caching
-    caching_margin_ms: float = 10.0
-    impossible_slack: float = 0.9  # median below slack * roofline bound reads as impossible
-    reconcile: bool = True  # claimed times checked against the harness's own clock
-    unexplained_ratio: float = 1.0  # per-iteration time the claims leave unexplained, beyond the reference's,
-    unexplained_margin_ms: float = 2.0  # above max(margin, ratio * claimed median): timing_inconsistent
+    stress_trials: int = _knob(2, "correctness trials with one rank late (stress trial i delays rank i % W)", ge=0)
+    stress_delay_s: float = _knob(0.05, "how late the late rank starts: host sleep on CPU, device spin on GPU", ge=0)
+    jitter_s: float = _knob(0.005, "random start delay of every rank in every call, so stress calls do not stand "
+                                   "out", ge=0)
+    precision_probe: bool = _knob(True, "a trial whose inputs make reduced precision exceed the tolerance")
+    lazy_delay_s: float = _knob(0.05, "pause before re-reading an output, to see whether it still changes", ge=0)
+    fresh_iters: int = _knob(5, "timed calls on never-seen inputs, compared with the rotated-input median (input "
+                                "caching)", ge=0)
+    timed_checks: int = _knob(6, "timed calls whose outputs are judged (chosen at random after each returned)", ge=0)
+    busy_bytes: int = _knob(256 << 20, "GPU: low-priority work kept running around every checked call", ge=4)
+    guard: bool = _knob(True, "the rank's tripwire: harness and runtime callables verified after every request")
+    caching_ratio: float = _knob(1.5, "fresh median above ratio * median + margin reads as input caching", ge=1.0)
+    caching_margin_ms: float = _knob(10.0, "the margin of caching_ratio", ge=0)
+    impossible_slack: float = _knob(0.9, "median below slack * roofline bound reads as impossible", gt=0, le=1.0)
+    reconcile: bool = _knob(True, "claimed times checked against the harness's own clock")
+    unexplained_ratio: float = _knob(1.0, "per-iteration time the claims leave unexplained, beyond the reference's, "
+                                          "above max(margin, ratio * claimed median) is timing_inconsistent", ge=0)
+    unexplained_margin_ms: float = _knob(2.0, "the margin of unexplained_ratio", ge=0)
 
     @classmethod
     def for_device(cls, device: str) -> IntegrityConfig:
@@ -106,7 +119,7 @@ def probe_seed(seed: int, rank: int) -> int:
 
 
 # -- the precision probe ----------------------------------------------------------------------------
-_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 23}
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 23}  # by torch dtype name
 
 
 def precision_probe_inputs(inputs: tuple, dtype: torch.dtype, generator: torch.Generator) -> tuple:
@@ -115,7 +128,10 @@ def precision_probe_inputs(inputs: tuple, dtype: torch.dtype, generator: torch.G
     64. An 8-bit path (fp8, or int8 with per-block scales: a block's outlier sets the step) rounds the
     small values by more than any tolerance; the dtype itself represents every one of them exactly.
     All values are positive, so sums do not cancel and a different summation order stays close."""
-    bits = _MANTISSA_BITS.get(dtype)
+    # Deferred: the settings above are read without torch (harness.config, the CLI); this runs in a rank.
+    import torch
+
+    bits = _MANTISSA_BITS.get(str(dtype).removeprefix("torch."))
     if bits is None:
         return inputs
 

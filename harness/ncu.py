@@ -56,20 +56,6 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
     ),
 }
 DEFAULT_SETS = ("core", "throughput")
-LABELS = {
-    "gpu__time_duration.sum": "GPU time",
-    "nvltx__bytes.sum": "NVLink sent",
-    "nvlrx__bytes.sum": "NVLink received",
-    "dram__bytes_read.sum": "DRAM read",
-    "dram__bytes_write.sum": "DRAM written",
-    "launch__registers_per_thread": "registers/thread",
-    "launch__grid_size": "grid",
-    "launch__block_size": "block",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput %",
-    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory throughput %",
-    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum": "local-memory loads",
-    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum": "local-memory stores",
-}
 _TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
 _BYTES = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
           "kibyte": 1024.0, "mibyte": 1024.0**2, "gibyte": 1024.0**3}
@@ -256,6 +242,8 @@ def _tail(path: Path, limit: int = 20000) -> str:
 def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, metrics: tuple[str, ...], *,
              world_size: int, shape: str, seed: int, rank: int, replay: str, calls: int, warmup: int,
              launch_count: int, deadline: float, workdir: Path) -> tuple[NcuRun, list[dict[str, Any]], set[str]]:
+    # Deferred: the CLI reads this module's metric sets for its options; the rank pool and the builds are
+    # needed only when ncu runs.
     from harness.compile import extensions_dir
     from harness.pool import Hang, PoolError, RankPool
 
@@ -277,7 +265,7 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
     try:
         pool.start()
         if candidate is not None:
-            from harness.candidate import required_positional
+            from harness.candidate import required_positional  # deferred with the pool (it imports torch)
 
             replies = pool.request({"op": "load_candidate", **base,
                                     "params": len(required_positional(problem.solution))}, timeout=left())
@@ -403,39 +391,3 @@ def merge_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 if key != "kernel" and slot.get(key) is None:
                     slot[key] = value
     return list(merged.values())
-
-
-# -- text ------------------------------------------------------------------------------------------------
-
-
-def _value(metric: str, value: float | None) -> str:
-    from harness.roofline import fmt_bytes
-
-    if value is None:
-        return "n/a"
-    if "bytes" in metric:
-        return fmt_bytes(value)
-    if "time_duration" in metric:
-        return f"{value / 1e3:.1f}us"
-    if "pct" in metric:
-        return f"{value:.0f}%"
-    return f"{value:g}"
-
-
-def render_lines(report: NcuReport) -> list[str]:
-    runs = ", ".join(f"{r.metric_set}: {r.status}" + (f" ({max(r.passes.values())} pass)" if r.passes else "")
-                     for r in report.runs)
-    lines = [f"ncu on rank {report.rank} ({report.replay} replay, {report.calls} calls; runs: {runs or 'none'}): "
-             f"{report.status}"]
-    if report.per_call:
-        lines.append("ncu per call: " + "; ".join(f"{LABELS.get(m, m)} {_value(m, v)}"
-                                                  for m, v in report.per_call.items()))
-    for k in report.kernels[:4]:
-        shown = "; ".join(f"{LABELS.get(m, m)} {_value(m, v)}" for m, v in k.metrics.items() if v is not None)
-        lines.append(f"ncu kernel {k.name[:60]} x{k.launches}: {shown}")
-    if report.missing:
-        reasons: dict[str, list[str]] = {}
-        for m, why in report.missing.items():
-            reasons.setdefault(why, []).append(LABELS.get(m, m))
-        lines.extend(f"ncu not collected: {', '.join(names)}: {why}" for why, names in reasons.items())
-    return lines

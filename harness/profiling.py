@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from harness import failures
+from harness.candidate import required_positional, trimmed_traceback
 from harness.seeds import TIMING_TRIAL_BASE
 from harness.tracing import keep_torch_namespace
 
@@ -273,8 +274,6 @@ def _spin_cycles(enqueue_s: float) -> int:
 def profile_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
     """Op "profile": mode "timeline" (torch.profiler, summarised here) or "ncu" (plain iterations between
     cudaProfilerStart/Stop, for an Nsight Compute process wrapped around one rank)."""
-    from harness.candidate import trimmed_traceback
-
     problem = worker.problem(req["problem"])
     shape = problem.shape(req["shape"])
     fn = problem.solution if req.get("candidate") is None else worker.candidates[req["candidate"]].solution
@@ -413,7 +412,7 @@ def merge(replies: Sequence[dict[str, Any]]) -> tuple[list[RankTimeline], int, f
 
 
 def _ask(pool: Any, message: dict[str, Any], timeout: float, what: str) -> list[dict[str, Any]]:
-    from harness.pool import Hang
+    from harness.pool import Hang  # parent side only: the rank workers import this module, never the pool
 
     try:
         replies = pool.request(message, timeout=timeout)
@@ -439,7 +438,7 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
             ncu_replay: str = "kernel") -> ProfileReport:
     """Profile `candidate` (None: the reference) on `world_size` ranks; on GPUs optionally add Nsight
     Compute metrics of one rank (harness.ncu). Raises ProfileError when the candidate cannot run."""
-    from harness.candidate import required_positional
+    # Parent side only: the rank workers import this module and need neither the builds nor the pools.
     from harness.compile import compile_candidate, private_copy, visible_for
     from harness.pool import PoolError, RankPool
 
@@ -481,38 +480,10 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
                            world_size=world_size, device=device, warmup=warmup, iterations=iters, ranks=ranks,
                            slowest_rank=slowest, skew=skew, notes=notes)
     if ncu:
-        from harness import ncu as nsight
+        from harness import ncu as nsight  # parent side only, as above
 
         report.ncu = nsight.collect(problem, candidate, world_size=world_size, device=device, shape=shape,
                                     seed=seed, rank=ncu_rank, budget_s=ncu_budget_s, metrics=ncu_metrics,
                                     replay=ncu_replay)
     report.seconds = time.perf_counter() - started
     return report
-
-
-def _us(value: float) -> str:
-    return f"{value / 1e3:.2f}ms" if value >= 1e4 else f"{value:.1f}us"
-
-
-def render_text(report: ProfileReport, max_tokens: int = 600) -> str:
-    from harness.roofline import fit_lines
-
-    clock = "device time" if report.device == "cuda" else "host time (CPU: plumbing only)"
-    lines = [f"profile {report.target} on {report.problem} shape={report.shape} W={report.world_size} "
-             f"({report.device}): {report.iterations} iterations after {report.warmup} warm-up; "
-             f"per-iteration means, {clock}",
-             "rank call comm compute overlap idle gaps(>=1us) largest-gap"]
-    for r in report.ranks:
-        lines.append(f"r{r.rank} {_us(r.call_us)} {_us(r.comm_us)} {_us(r.compute_us)} {_us(r.overlap_us)} "
-                     f"{_us(r.idle_us)} {r.gaps_per_iter:.1f} {_us(r.largest_gap_us)}")
-    lines.append(f"slowest rank {report.slowest_rank}; skew {report.skew:.1%} ((max-min)/max of median call time)")
-    slow = report.ranks[report.slowest_rank] if report.ranks else None
-    if report.ncu is not None:
-        from harness import ncu as nsight
-
-        lines.extend(nsight.render_lines(report.ncu))
-    if slow is not None and slow.kernels:
-        lines.append(f"kernels on rank {slow.rank} ({slow.kernel_count} distinct, {slow.lanes} streams/threads):")
-        lines.extend(f"  {k.name} [{k.kind}] {_us(k.us_per_iter)} x{k.launches_per_iter:g}" for k in slow.kernels)
-    lines.extend(f"note: {n}" for n in report.notes)
-    return fit_lines(lines, max_tokens)

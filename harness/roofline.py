@@ -10,8 +10,8 @@ rank's lower bound is
 (links are full duplex: sending and receiving overlap), and the problem's bound is the largest over
 ranks, since an iteration ends when its slowest rank does. The ceilings come from `pkb topology`
 (harness.topology.ceilings(): measured where calibrated); where that is absent or knows nothing, the
-figures DESIGN.md measured on 2x H200 are used and marked "datasheet/DESIGN.md". The fraction a timed
-side reaches is bound / measured median; a median below the bound by more than IMPOSSIBLE_MARGIN is
+figures measured on the reference machine (two H200, harness/hardware.json) are used and marked as such.
+The fraction a timed side reaches is bound / measured median; a median below the bound by more than IMPOSSIBLE_MARGIN is
 `impossible` (a broken timer, a cached answer, or a wrong model: an integrity flag, never a score).
 
 Parent-side only (pydantic).
@@ -24,26 +24,27 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, Field
 
+from harness.config import TimingConfig
+from harness.hardware import REFERENCE_CEILINGS, REFERENCE_SOURCE
+from harness.judge.reference import ReferenceFailed, time_reference_in_pool
 from harness.pool import Hang, PoolError, RankPool
 from harness.problem import Problem
 from harness.results import EvalResult, TimingStats
 from harness.seeds import TIMING_TRIAL_BASE
 
-DESIGN_CEILINGS = {  # DESIGN.md, "The machine this is measured on": 2x H200, NV18
-    "link_bytes_per_s": 394e9,  # peer copy, one way, 1 GiB
-    "hbm_bytes_per_s": 4.28e12,  # device copy, read + write counted
-    "matmul_flops_per_s": 790e12,  # bf16 matrix product
-}
-FALLBACK_SOURCE = "datasheet/DESIGN.md"
+FALLBACK_CEILINGS = REFERENCE_CEILINGS  # the reference 2x H200's measured ceilings (harness/hardware.json)
+FALLBACK_SOURCE = REFERENCE_SOURCE
 IMPOSSIBLE_MARGIN = 0.10
-LATENCY_S = 5e-6  # below this a bound is latency territory (DESIGN.md: NCCL all-reduce takes 11.5 us at 64 KiB)
+# Below this a bound is latency territory (on the reference machine NCCL's all-reduce takes 11.5 us at 64 KiB).
+LATENCY_S = 5e-6
 TRAFFIC_KEYS = ("send_bytes", "recv_bytes", "hbm_bytes", "flops")
 
 Resource = Literal["interconnect", "hbm", "compute"]
@@ -71,25 +72,27 @@ def _topology_ceilings(notes: list[str], discover: bool) -> dict[str, Any]:
     """topology.ceilings() of the cached `pkb topology` profile; without one, of a fresh discovery when
     `discover` (GPU runs), else nothing (discovery takes seconds and finds no GPU ceilings on a CPU)."""
     try:
-        from harness import topology  # written alongside; absent on older checkouts
+        # Deferred on purpose: found when needed, so a build without it (or a test hiding it) gets the fallback.
+        from harness import topology
     except ImportError:
-        notes.append("harness.topology is not available: DESIGN.md's 2x H200 figures are used")
+        notes.append("harness.topology is not available: the reference 2x H200's figures are used")
         return {}
     try:
         profile = topology.load()
         if profile is None and not discover:
-            notes.append("no `pkb topology` profile cached: DESIGN.md's 2x H200 figures are used")
+            notes.append("no `pkb topology` profile cached: the reference 2x H200's figures are used")
             return {}
         return dict(topology.ceilings(profile))
     except Exception as exc:  # a bad cache or a failed discovery must not take the roofline down with it
-        notes.append(f"topology ceilings unavailable ({type(exc).__name__}: {exc}); DESIGN.md's figures are used")
+        notes.append(f"topology ceilings unavailable ({type(exc).__name__}: {exc}); the reference 2x H200's figures "
+                     "are used")
         return {}
 
 
 def resolve_ceilings(given: Ceilings | Mapping[str, Any] | None = None, device: str = "cuda") -> Ceilings:
     """`given` (a Ceilings, or a mapping shaped like topology.ceilings()), else this machine's (see
-    _topology_ceilings); any value missing, None or "unavailable" falls back to DESIGN.md's figure, marked
-    as such."""
+    _topology_ceilings); any value missing, None or "unavailable" falls back to the reference machine's
+    figure, marked as such."""
     if isinstance(given, Ceilings):
         return given
     notes: list[str] = []
@@ -99,7 +102,7 @@ def resolve_ceilings(given: Ceilings | Mapping[str, Any] | None = None, device: 
     for key, prefix in (("link_bytes_per_s", "link"), ("hbm_bytes_per_s", "hbm"), ("matmul_flops_per_s", "matmul")):
         value, source = data.get(key), data.get(f"{prefix}_source") or "given"
         if not value or source == "unavailable" or not math.isfinite(float(value)) or float(value) <= 0:
-            value, source = DESIGN_CEILINGS[key], FALLBACK_SOURCE
+            value, source = FALLBACK_CEILINGS[key], FALLBACK_SOURCE
         values[key], values[f"{prefix}_source"] = float(value), str(source)
     return Ceilings(**values, gpu=data.get("gpu"), notes=notes)
 
@@ -306,11 +309,6 @@ def time_reference(pool: RankPool, problem: Problem, shape: str, device: str, *,
                    config: Mapping[str, Any] | None = None, timeout: float = 300.0) -> TimingStats:
     """The reference timed with the harness protocol in an existing (trusted) pool, exactly as an
     evaluation times it (harness.judge.reference)."""
-    import tempfile
-
-    from harness.config import TimingConfig
-    from harness.judge.reference import ReferenceFailed, time_reference_in_pool
-
     timing = TimingConfig(**config) if config is not None else TimingConfig.for_device(device)
     with tempfile.TemporaryDirectory(prefix="pkb-roofline-") as folder:
         try:
@@ -393,88 +391,3 @@ def lower_bound_ms(problem: Problem, shape: str, world_size: int, device: str, *
 def _machine_ceilings(device: str) -> Ceilings:
     """This machine's ceilings, resolved once per process (discovery takes seconds)."""
     return resolve_ceilings(None, device)
-
-
-# -- text ------------------------------------------------------------------------------------------------
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.2f} us"
-    return f"{seconds * 1e9:.0f} ns"
-
-
-def fmt_flops(n: float) -> str:
-    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} FLOP"
-
-
-def token_counter() -> Callable[[str], int]:
-    """tools.render's tiktoken count (the strictest offline encoding) when importable; else the UTF-8
-    byte length, a true upper bound on any byte-level BPE count."""
-    try:
-        from tools.render import count_tokens
-    except ImportError:
-        return lambda text: len(text.encode("utf-8"))
-    return count_tokens
-
-
-def fit_lines(lines: Sequence[str], max_tokens: int, count: Callable[[str], int] | None = None) -> str:
-    """The lines, in priority order, as many as fit in `max_tokens`, with a note of how many were cut."""
-    count = count or token_counter()
-    kept: list[str] = []
-    for i, line in enumerate(lines):
-        if count("\n".join([*kept, line])) <= max_tokens:
-            kept.append(line)
-            continue
-        note = f"[... {len(lines) - i} more line(s) cut to fit {max_tokens} tokens]"
-        while kept and count("\n".join([*kept, note])) > max_tokens:
-            kept.pop()
-        if count(note) <= max_tokens:
-            kept.append(note)
-        break
-    return "\n".join(kept)
-
-
-def _side_line(name: str, a: Achieved | None) -> str | None:
-    if a is None:
-        return None
-    tail = "  IMPOSSIBLE: faster than the hardware allows" if a.impossible else ""
-    return f"{name}: median {fmt_time(a.median_ms / 1e3)} ({a.clock}) = {a.fraction:.1%} of the bound{tail}"
-
-
-def render_text(r: Roofline, max_tokens: int = 600) -> str:
-    c = r.ceilings
-    declared = f"; declared by the problem: {', '.join(r.declared)}" if r.declared else ""
-    lines = [
-        f"roofline {r.problem} shape={r.shape} W={r.world_size} ({r.traffic_source}{declared})",
-        f"bound {fmt_time(r.bound_s)}, {r.binding}-bound (rank {r.bound_rank}): link {fmt_time(r.link_s)}, "
-        f"HBM {fmt_time(r.hbm_s)}, compute {fmt_time(r.compute_s)}",
-        f"per rank {r.bound_rank}: send {fmt_bytes(r.send_bytes)}, recv {fmt_bytes(r.recv_bytes)}, "
-        f"HBM {fmt_bytes(r.hbm_bytes)}, {fmt_flops(r.flops)}",
-    ]
-    lines += [x for x in (_side_line("reference", r.reference), _side_line("candidate", r.candidate)) if x]
-    lines.append(f"ceilings: link {c.link_bytes_per_s / 1e9:.0f} GB/s ({c.link_source}), HBM "
-                 f"{c.hbm_bytes_per_s / 1e12:.2f} TB/s ({c.hbm_source}), matrix {c.matmul_flops_per_s / 1e12:.0f} "
-                 f"TFLOP/s ({c.matmul_source})")
-    if r.collectives:
-        lines.append("collectives (bound rank): " + "; ".join(
-            f"{k.kind} x{k.count} {fmt_bytes(k.bytes)} (W={k.group_size})" for k in r.collectives[:8]))
-    if r.flags:
-        lines.append("flags: " + ", ".join(r.flags))
-    if len({(b.send_bytes, b.recv_bytes, b.hbm_bytes, b.flops) for b in r.ranks}) > 1:
-        lines.append("ranks differ: " + "; ".join(
-            f"r{b.rank} {fmt_time(b.bound_s)} {b.binding}" for b in r.ranks[:8]))
-    lines += [f"note: {n}" for n in r.notes]
-    return fit_lines(lines, max_tokens)

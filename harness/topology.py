@@ -31,7 +31,8 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from harness.config import TimingConfig
-from harness.fingerprint import hardware_key
+from harness.environment import hardware_key
+from harness.hardware import datasheet
 from harness.pool import REPO_ROOT, SAFE_ENV, worker_env
 from harness.results import TimingStats
 
@@ -40,17 +41,6 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 ALL_REDUCE_SIZES = tuple(64 * KiB * 4**k for k in range(8))  # 64 KiB, 256 KiB, ..., 1 GiB
 CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132  # cuda.h; read with cuDeviceGetAttribute, nothing created
 NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90  # nvml.h: common speed of the active links, in MB/s
-
-# Vendor datasheet figures, used only where nothing was measured: (name contains, HBM bytes/s, dense bf16
-# FLOP/s). First match wins, so the specific names come before the general ones.
-DATASHEET: tuple[tuple[str, float, float], ...] = (
-    ("H200", 4.8e12, 989.4e12),
-    ("H100 PCIe", 2.0e12, 756.0e12),
-    ("H100 NVL", 3.9e12, 835.5e12),
-    ("H100", 3.35e12, 989.4e12),
-    ("A100-SXM4-80GB", 2.039e12, 312.0e12),
-    ("A100-SXM4-40GB", 1.555e12, 312.0e12),
-)
 
 Source = Literal["measured", "datasheet", "unavailable"]
 
@@ -234,14 +224,6 @@ def multicast_disabled_by_policy(env: Mapping[str, str] | None = None) -> bool:
     """True when every multicast switch of harness.pool.SAFE_ENV is set to its off value."""
     env = os.environ if env is None else env
     return all(env.get(key) == value for key, value in SAFE_ENV.items())
-
-
-def datasheet(gpu_name: str) -> tuple[float, float] | None:
-    """(HBM bytes/s, dense bf16 FLOP/s) from the vendor datasheet, or None for a GPU not in the table."""
-    for needle, hbm, flops in DATASHEET:
-        if needle in gpu_name:
-            return hbm, flops
-    return None
 
 
 def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:

@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from harness import failures
+from harness.candidate import trimmed_traceback
 from harness.timing import tree_nbytes
 
 MAX_RECORDS = 64  # collectives listed one by one in a reply; the per-kind totals always cover all of them
@@ -506,8 +507,6 @@ def trace_call(fn: Callable[..., Any], inputs: tuple, sync: Callable[[], None],
 def trace_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
     """Op "trace": the reference at req["shape"] on the inputs of (seed, trial); warm-up call first.
     req["flops"] = False skips the FLOP counter."""
-    from harness.candidate import trimmed_traceback
-
     problem = worker.problem(req["problem"])
     shape = problem.shape(req["shape"])
     inputs = worker.inputs(problem, shape, int(req.get("seed", 0)), int(req.get("trial", 0)))

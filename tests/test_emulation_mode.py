@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from agent import cli_emulation
-from agent.cli_common import CliError
+from agent.cli import emulation as cli_emulation
+from agent.cli.common import CliError
+from agent.report import metrics
 from agent.scheduler import DeviceScheduler, SchedulerError
-from harness import flags, metrics
+from harness import flags
 from harness.emulation import layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,8 +70,10 @@ def test_pkb_eval_refuses_sharing_gpus_on_cpu(capsys):
 
 
 def test_report_says_a_run_is_emulated_and_counts_nothing_fast(tmp_path):
-    from agent.report import build, run_rows, to_markdown
-    from harness.run_reader import read_run
+    from agent.report.build import build
+    from agent.report.markdown import to_markdown
+    from agent.report.rows import run_rows
+    from agent.report.run_reader import read_run
     from tests.test_report import make_run
 
     rep = build([read_run(make_run(tmp_path, device="cuda", world_size=4, ranks_per_gpu=4))])

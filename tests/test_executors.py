@@ -31,21 +31,16 @@ from typing import Any
 
 import pytest
 
-from agent import cli_run
-from agent.cli_common import CliError
-from agent.executors import (
-    EvalRequest,
-    ExecutorError,
-    LocalExecutor,
-    RayExecutor,
-    add_executor_arguments,
-    as_evaluate,
-    device_seconds,
-    evaluate_all,
-    executor_from_args,
-    make_executor,
-    reap_on_death,
-)
+from agent.cli import run as cli_run
+from agent.cli.common import CliError
+from agent.cli.options import add_executor_arguments, executor_from_args
+from agent.executors import ExecutorError
+from agent.executors.factory import make_executor
+from agent.executors.interface import as_evaluate, evaluate_all
+from agent.executors.local import LocalExecutor
+from agent.executors.ray_cluster import RayExecutor
+from agent.executors.reaper import reap_on_death
+from agent.executors.request import EvalRequest, device_seconds
 from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
@@ -292,7 +287,7 @@ def test_cli_flags_build_the_executor_or_say_what_is_wrong(monkeypatch):
 REAPED_WORKER = '''
 import subprocess, sys, time
 from pathlib import Path
-from agent.executors import reap_on_death
+from agent.executors.reaper import reap_on_death
 
 scratch, pool = Path(sys.argv[1]), Path(sys.argv[2])
 with reap_on_death(scratch):

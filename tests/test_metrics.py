@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import metrics
-from harness.metrics import (
+from agent.report import metrics
+from agent.report.metrics import (
     bootstrap_mean,
     failure_counts,
     fast_p_at_k,

@@ -35,7 +35,8 @@ from tests.fakes.anthropic_api import AnthropicFake, AnthropicModel, signature
 from tests.fakes.base import Turn
 from tests.fakes.openai_api import CACHE_STEP, OpenAIFake, OpenAIModel
 from tests.fakes.session import BEST_TURN, RECALLED, FakeExecutor, candidate, session_brain
-from tools import ToolContext, run_tool
+from tools.base import ToolContext
+from tools.dispatch import run_tool
 
 TURNS = 30
 WINDOW = 40_000  # fake tokens: the session's candidates alone are more than this

@@ -1,4 +1,5 @@
-"""A ParallelKernelBench-format checkout (tests/fixtures, written here) loads, validates and is scored end to end on CPU."""
+"""A ParallelKernelBench-format checkout (tests/fixtures, written here) loads, validates and is scored end to end
+on CPU."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent import cli_run
-from agent.cli_common import CliError
-from agent.cli_source import one_in, resolve_source, select_in
-from harness.parallelkernelbench import checkout, input_report
-from harness.parallelkernelbench import solutions as solution_sets
-from harness.parallelkernelbench import inputs as input_plans
+from agent.cli import run as cli_run
+from agent.cli.common import CliError
+from agent.cli.source import one_in, resolve_source, select_in
+from agent.report.run_reader import read_run
 from harness.compile import compile_candidate
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
+from harness.parallelkernelbench import checkout, input_report
+from harness.parallelkernelbench import inputs as input_plans
+from harness.parallelkernelbench import solutions as solution_sets
 from harness.problem import MalformedProblem
 from harness.registry import load_problem_spec
-from harness.run_reader import read_run
 from harness.seeds import rank_seed
 from harness.validate import validate_problems, validate_without_oracle
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import cli, cli_profile
+from agent import cli
+from agent.cli import profile as cli_profile
 from harness import ncu as nsight
 from harness.profiling import (
     ProfileError,
@@ -23,18 +24,18 @@ from harness.profiling import (
     idle_gaps,
     intersection_length,
     profile,
-    render_text,
     short_name,
     summarize,
     summarize_trace,
     union,
 )
 from harness.registry import get, load_suite
-from harness.roofline import token_counter
 from tests.conftest import CANDIDATES, live_children
+from tools.render import count_tokens
+from tools.summaries import ncu_lines
+from tools.summaries import profile_text as render_text
 
 SUITE = load_suite()
-count_tokens = token_counter()  # tools.render's tiktoken count (UTF-8 bytes, an upper bound, without it)
 GOOD = CANDIDATES / "correct_all_gather_sum.py"
 
 
@@ -244,7 +245,7 @@ def test_collect_says_why_nothing_was_collected(monkeypatch):
     monkeypatch.setattr(nsight.shutil, "which", lambda name: None)
     none = nsight.collect(problem, None, world_size=2, device="cuda", shape="small")
     assert all(why == "ncu is not on PATH" for why in none.missing.values())
-    lines = nsight.render_lines(none)
+    lines = ncu_lines(none)
     assert lines[0].startswith("ncu on rank 0") and any("not collected" in line for line in lines)
 
 

@@ -23,8 +23,9 @@ from harness.evaluate import evaluate
 from harness.problem import load_problem
 from harness.registry import SUITE_ROOT, get, load_suite
 from harness.topology import AllReducePoint, Calibration, Gpu, NvLink, PeerCopy, Profile, Topology
-from tools import TOOL_NAMES, render
+from tools import render
 from tools.render import count_tokens
+from tools.specs import TOOL_NAMES
 
 EXAMPLE = prompts.EXAMPLES_DIR / "ring_shift.py"
 EXPERT_FILES = sorted(SUITE_ROOT.glob("*/solutions/*.py")) + [SUITE_ROOT / "_symm" / "__init__.py"]
@@ -347,7 +348,8 @@ def test_example_is_correct_on_two_gpus(tmp_path, shape):
 
 @pytest.mark.gpu
 def test_tools_run_an_expert_kernel_on_cuda(tmp_path, all_reduce):
-    from tools import ToolContext, run_tool
+    from tools.base import ToolContext
+    from tools.dispatch import run_tool
 
     ctx = ToolContext(problem=all_reduce, world_size=2, device="cuda", shape="1mib",
                       config=EvalConfig(timing=TimingConfig.for_device("cuda")), workdir=tmp_path)

@@ -17,10 +17,10 @@ import pytest
 from langchain_core.messages import AIMessage
 
 from agent import cli
-from agent.report import build
+from agent.report import metrics
+from agent.report.build import build
+from agent.report.run_reader import RunFormatError, read_run
 from agent.scripted import register_script
-from harness import metrics
-from harness.run_reader import RunFormatError, read_run
 from tests.conftest import CANDIDATES
 
 CONDITIONS = ("zero-shot", "agent:check+compile")

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent import cli
-from agent.report import build, to_html, to_markdown
-from harness.run_reader import read_run
+from agent.report.build import build
+from agent.report.html import to_html
+from agent.report.markdown import to_markdown
+from agent.report.run_reader import read_run
 from tests.test_report import OUTCOMES, html_rows, make_run, md_rows
 
 HEADLINE = "| condition | problems | samples |"

@@ -1,6 +1,6 @@
 """`pkb run` killed with SIGKILL resumes with nothing finished lost and nothing counted twice.
 
-Both tests drive `pkb run` (python -m agent.cli_run, the same command) as a subprocess with a scripted
+Both tests drive `pkb run` (python -m agent.cli.run, the same command) as a subprocess with a scripted
 model read from a JSON script, on CPU (gloo, W=2), and kill it from outside.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-import agent.graph
-from agent import cli_run
-from harness import metrics
+import agent.tool_calls
+from agent.cli import run as cli_run
+from agent.report import metrics
 from tests.conftest import CANDIDATES
 from tests.test_agent_loop import BROKEN, run_samples, scripted
 
@@ -34,10 +34,10 @@ def write_script(path: Path, steps: list[Any]) -> Path:
 
 
 def pkb_run(runs: Path, run_id: str, script: Path, *extra: str, resume: bool = False) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "agent.cli_run", "--model", f"scripted:{script}", "--runs-dir", str(runs),
+    argv = [sys.executable, "-m", "agent.cli.run", "--model", f"scripted:{script}", "--runs-dir", str(runs),
             "--run-id", run_id, "--trials", "2", "--world-size", "2", *extra]
     if resume:
-        argv = [sys.executable, "-m", "agent.cli_run", "--runs-dir", str(runs), "--run-id", run_id, "--resume"]
+        argv = [sys.executable, "-m", "agent.cli.run", "--runs-dir", str(runs), "--run-id", run_id, "--resume"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -88,7 +88,7 @@ class Killed(BaseException):
 
 def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monkeypatch):
     """In process and deterministic: the check tool saves its candidate, then the 'process dies'."""
-    real = agent.graph.run_tool
+    real = agent.tool_calls.run_tool
 
     def dies_in_check(name, args, ctx):
         outcome = real(name, args, ctx)
@@ -98,13 +98,13 @@ def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monk
 
     steps = [("tool", "compile", {"source": BROKEN}), ("tool", "check", {"source": BROKEN}),
              ("tool", "submit", {"source": BROKEN})]
-    monkeypatch.setattr(agent.graph, "run_tool", dies_in_check)
+    monkeypatch.setattr(agent.tool_calls, "run_tool", dies_in_check)
     with pytest.raises(Killed):
         run_samples(tmp_path, [scripted(steps)], conditions=["agent:check+compile"])
     folder = tmp_path / "run" / "samples" / "all_reduce" / "agent:check+compile" / "0"
     assert json.loads((folder / "sample.json").read_text())["status"] == "running"
     assert (folder / "candidates" / "001.py").exists()  # saved by the check that never answered
-    monkeypatch.setattr(agent.graph, "run_tool", real)
+    monkeypatch.setattr(agent.tool_calls, "run_tool", real)
     model = scripted(steps)
     runner, summary = run_samples(tmp_path, [model], conditions=["agent:check+compile"])
     assert summary.complete

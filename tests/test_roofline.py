@@ -9,12 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import cli, cli_roofline
+from agent import cli
+from agent.cli import roofline as cli_roofline
 from harness.pool import RankPool
 from harness.registry import get, load_suite
 from harness.results import TimingStats
 from harness.roofline import (
-    DESIGN_CEILINGS,
+    FALLBACK_CEILINGS,
     FALLBACK_SOURCE,
     Ceilings,
     Roofline,
@@ -23,17 +24,16 @@ from harness.roofline import (
     cached_trace,
     declared_traffic,
     lower_bound_ms,
-    render_text,
     resolve_ceilings,
     roofline,
     time_reference,
-    token_counter,
     trace_cache_path,
 )
 from tests.conftest import CANDIDATES
+from tools.render import count_tokens
+from tools.summaries import roofline_text as render_text
 
 SUITE = load_suite()
-count_tokens = token_counter()  # tools.render's tiktoken count (UTF-8 bytes, an upper bound, without it)
 DESIGN = Ceilings(link_bytes_per_s=394e9, link_source="t", hbm_bytes_per_s=4.28e12, hbm_source="t",
                   matmul_flops_per_s=790e12, matmul_source="t")
 
@@ -107,7 +107,7 @@ def test_ceilings_fall_back_to_design_figures_per_value():
     c = resolve_ceilings({"link_bytes_per_s": 300e9, "link_source": "measured", "hbm_bytes_per_s": None,
                           "hbm_source": "unavailable", "matmul_flops_per_s": 0, "gpu": "H200", "notes": ["n"]})
     assert (c.link_bytes_per_s, c.link_source) == (300e9, "measured")
-    assert (c.hbm_bytes_per_s, c.hbm_source) == (DESIGN_CEILINGS["hbm_bytes_per_s"], FALLBACK_SOURCE)
+    assert (c.hbm_bytes_per_s, c.hbm_source) == (FALLBACK_CEILINGS["hbm_bytes_per_s"], FALLBACK_SOURCE)
     assert (c.matmul_flops_per_s, c.matmul_source) == (790e12, FALLBACK_SOURCE)
     assert c.gpu == "H200" and c.notes == ["n"]
 
@@ -133,7 +133,7 @@ def test_ceilings_use_the_cached_topology_profile(monkeypatch):
     monkeypatch.setattr(harness, "topology", fake, raising=False)
     c = resolve_ceilings(None, device="cpu")
     assert (c.link_bytes_per_s, c.link_source, c.gpu) == (390e9, "measured", "NVIDIA H200")
-    # no cached profile and a CPU run: no slow discovery, DESIGN.md's figures
+    # no cached profile and a CPU run: no slow discovery, the reference machine's figures
     monkeypatch.setattr(fake, "load", lambda: None)
     c = resolve_ceilings(None, device="cpu")
     assert c.link_source == FALLBACK_SOURCE and any("cached" in n for n in c.notes)

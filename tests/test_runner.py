@@ -18,12 +18,12 @@ import pytest
 
 import agent.graph
 import tools.check
-from agent import cli_run
 from agent.budgets import Budget
+from agent.cli import run as cli_run
+from agent.report.run_reader import read_run
 from agent.scheduler import DeviceScheduler
 from harness import failures
 from harness.results import CandidateInfo, EvalResult, Failure
-from harness.run_reader import read_run
 from tests.conftest import CANDIDATES
 from tests.test_agent_loop import BROKEN, fenced, run_samples, scripted
 
@@ -190,7 +190,7 @@ def test_pkb_run_replays_a_solution_directory_without_an_api_key(tmp_path):
     shutil.copy(CANDIDATES / "output_mismatch_rank1.py", solutions / "all_reduce" / "b_wrong.py")
     shutil.copy(CANDIDATES / "compile_error_syntax.py", solutions / "all_gather.py")
     (solutions / "notes.txt").write_text("not a solution\n")
-    proc = subprocess.run([sys.executable, "-m", "agent.cli_run", "--model", f"replay:{solutions}", "--trials", "2",
+    proc = subprocess.run([sys.executable, "-m", "agent.cli.run", "--model", f"replay:{solutions}", "--trials", "2",
                            "--runs-dir", str(tmp_path / "runs"), "--run-id", "replayed"],
                           env=_env_without_keys(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

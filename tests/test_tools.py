@@ -21,8 +21,11 @@ import prompts
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
-from tools import TOOL_NAMES, ToolContext, ToolOutcome, render, run_tool
-from tools.langchain import make_tools
+from tools import render
+from tools.base import ToolContext, ToolOutcome
+from tools.dispatch import run_tool
+from tools.langchain_tools import make_tools
+from tools.specs import TOOL_NAMES
 
 WRONG = "output_mismatch_rank1.py"
 RIGHT = "correct_all_gather_sum.py"
@@ -264,7 +267,8 @@ def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_
         seen["max_tokens"] = max_tokens
         return "kernel ring 12.5 us\n" * 500  # a renderer that ignores its budget is still bounded
 
-    fake.profile, fake.render_text = profile, render_text
+    fake.profile = profile
+    monkeypatch.setattr("tools.profile.profile_text", render_text)  # the text is the tools' (tools.summaries)
     monkeypatch.setitem(sys.modules, "harness.profiling", fake)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": source(RIGHT)}, ctx)
@@ -289,7 +293,8 @@ def test_profile_reports_a_candidate_that_cannot_run_as_its_verdict(all_reduce, 
             raise ProfileError("rank 1 raised ValueError", "runtime_error", "Traceback ...\nValueError: lost")
         raise ProfileError("rank processes did not start")
 
-    fake.ProfileError, fake.profile, fake.render_text = ProfileError, profile, lambda r, n: ""
+    fake.ProfileError, fake.profile = ProfileError, profile
+    monkeypatch.setattr("tools.profile.profile_text", lambda r, n: "")
     monkeypatch.setitem(sys.modules, "harness.profiling", fake)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": "def solution(x):\n    raise ValueError('lost')\n"}, ctx)
@@ -312,7 +317,8 @@ def test_roofline_with_and_without_a_candidate(all_reduce, tmp_path, monkeypatch
         return {"bound_us": 3.2, "binding": "interconnect"}
 
     fake.roofline = roofline
-    fake.render_text = lambda result, max_tokens: f"lower bound {result['bound_us']} us ({result['binding']})"
+    monkeypatch.setattr("tools.roofline.roofline_text",
+                        lambda result, max_tokens: f"lower bound {result['bound_us']} us ({result['binding']})")
     monkeypatch.setitem(sys.modules, "harness.roofline", fake)
     monkeypatch.setattr("tools.roofline.run_evaluation", lambda ctx, path, timing: (timed, 0.0))
     ctx = make_ctx(all_reduce, tmp_path)

@@ -9,10 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import cli, cli_topology
+from agent import cli
+from agent.cli import topology as cli_topology
 from harness import topology
 from harness.config import TimingConfig
-from harness.fingerprint import hardware_key
+from harness.environment import hardware_key
+from harness.hardware import datasheet
 from harness.pool import SAFE_ENV
 from harness.topology import (
     AllReducePoint,
@@ -30,7 +32,6 @@ from harness.topology import (
     cache_path,
     calibrate,
     ceilings,
-    datasheet,
     discover,
     load,
     multicast_disabled_by_policy,
@@ -296,7 +297,7 @@ def test_discover_on_gpus():
         assert g.memory_bytes > 0 and g.sm_count > 0 and g.l2_bytes > 0
     assert all(topo.peer_access[i][i] for i in range(topo.gpu_count))
     assert Topology.model_validate_json(topo.model_dump_json()) == topo
-    if all("H200" in g.name for g in topo.gpus):  # the machine DESIGN.md describes
+    if all("H200" in g.name for g in topo.gpus):  # the reference machine (docs/design.md)
         assert topo.interconnect[0][1] == "NV18"
         assert all(g.active_links == 18 for g in topo.gpus)
         assert topo.link_spec_bytes_per_s == pytest.approx(478e9, rel=0.01)
@@ -446,7 +447,7 @@ def test_discover_prefers_nvidia_smi_speed_when_nvml_disagrees(monkeypatch):
 
 def test_cli_shows_the_cached_calibration_of_this_environment(pkb, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cli_topology, "discover", h200_topology)
+    monkeypatch.setattr("harness.topology.discover", h200_topology)
     save(Profile(hardware_key=hardware_key(), topology=h200_topology(), calibration=h200_calibration()))
     assert pkb(["topology"]) == 0
     out = capsys.readouterr().out

@@ -1,10 +1,11 @@
-"""What every model-facing tool shares: the sample's context, the outcome record, candidate files, dispatch.
+"""What every model-facing tool shares: the sample's context, the outcome record, candidate files.
 
 A tool takes the model's candidate source (or nothing), saves it as the sample's next candidate file,
 runs the harness (which starts its own killable processes), and returns a ToolOutcome: a short text for
 the model, bounded by `answer_tokens` (tools/render.py), and structured data for the transcript and the
 candidate's .json file. GPU seconds are the wall time of the harness work on device "cuda" times the
-number of ranks (zero on CPU), so budgets charge what the GPUs were held for.
+number of ranks (zero on CPU), so budgets charge what the GPUs were held for. tools.dispatch.run_tool runs
+one call; tools.specs says what each tool takes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import os
 import re
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,8 +28,6 @@ from harness.config import EvalConfig
 from harness.problem import Problem
 from tools import render
 
-TOOL_NAMES = ("compile", "check", "bench", "profile", "roofline", "submit", "guide", "recall")
-CODE_TOOLS = ("compile", "check", "bench", "profile", "submit")  # `source` is required
 CANDIDATES_DIR = "candidates"
 FINAL_FILE = "final.py"
 _CANDIDATE = re.compile(r"^(\d{3,})\.py$")
@@ -51,7 +49,7 @@ class ToolContext:
     workdir: Path  # the sample folder: candidates/NNN.py (+ .json), final.py
     gpus: list[int] | None = None
     answer_tokens: int = 600
-    # Where device work runs when not on this process's `gpus` (agent.executors: a Ray cluster). `evaluate`
+    # Where device work runs when not on this process's `gpus` (the agent's executor: a Ray cluster). `evaluate`
     # has harness.evaluate.evaluate's signature; `on_devices(W, device, fn, *args, **kwargs)` runs a harness
     # function that needs W devices and returns its answer. None: here.
     evaluate: Callable[..., Any] | None = None
@@ -174,50 +172,3 @@ def optional_kwargs(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]
 
 def bounded(ctx: ToolContext, blocks: list[render.Block | str]) -> str:
     return render.fit(blocks, ctx.answer_tokens)
-
-
-# -- dispatch -----------------------------------------------------------------------------------------
-
-# A tool's body: (the call's arguments, the context, the saved candidate or None) -> outcome.
-ToolFn = Callable[[dict[str, Any], ToolContext, "Path | None"], ToolOutcome]
-SOURCE_TOOLS = (*CODE_TOOLS, "roofline")  # roofline takes `source` optionally
-
-
-def _registry() -> dict[str, ToolFn]:
-    # Imported here: each tool module imports this one for the shared types.
-    from tools import bench, check, compile, guide, profile, recall, roofline, submit
-
-    return {"compile": compile.run, "check": check.run, "bench": bench.run, "profile": profile.run,
-            "roofline": roofline.run, "submit": submit.run, "guide": guide.run, "recall": recall.run}
-
-
-def run_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
-    """Run one tool call: save the candidate (if the call carries one), run the tool, record the result.
-
-    Bad arguments and harness failures come back as an outcome the model can read, with the details in
-    `data`; they never raise into the agent loop.
-    """
-    tools = _registry()
-    if name not in tools:
-        text = f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}"
-        return ToolOutcome(name, render.truncate(text, ctx.answer_tokens), {"tool": name, "error": "unknown_tool"})
-    args = dict(args or {})
-    try:
-        source = source_arg(args, required=name in CODE_TOOLS) if name in SOURCE_TOOLS else None
-    except ToolInputError as err:
-        return ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
-                           {"tool": name, "error": "bad_arguments", "message": str(err)})
-    candidate = save_candidate(ctx, source) if source is not None else None
-    try:
-        outcome = tools[name](args, ctx, candidate)
-    except ToolInputError as err:
-        outcome = ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
-                              {"tool": name, "error": "bad_arguments", "message": str(err)}, candidate=candidate)
-    except Exception as exc:  # the harness's own failure: reported as such, never charged to the model
-        text = (f"{name}: the tool itself failed ({type(exc).__name__}: {exc}). This is an infrastructure "
-                "error, not a verdict on your code; you may call the tool again.")
-        outcome = ToolOutcome(name, render.truncate(text, ctx.answer_tokens),
-                              {"tool": name, "verdict": "infra_error", "error": f"{type(exc).__name__}: {exc}",
-                               "traceback": traceback.format_exc()[-4000:]}, candidate=candidate)
-    save_record(outcome, ctx)
-    return outcome

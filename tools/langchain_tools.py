@@ -16,22 +16,27 @@ from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, create_model
 
 import prompts
-from tools.base import CODE_TOOLS, TOOL_NAMES, ToolContext, ToolOutcome, run_tool
+from tools.base import ToolContext, ToolOutcome
+from tools.dispatch import run_tool
+from tools.specs import BY_NAME, TOOL_NAMES
 
 
 def args_schema(name: str) -> type[BaseModel]:
-    """The pydantic model of one tool's arguments, with descriptions from prompts/tools.md."""
+    """The pydantic model of one tool's arguments (from its ToolSpec), with descriptions from prompts/tools.md."""
+    spec = BY_NAME.get(name)
+    if spec is None:
+        raise ValueError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
     described = prompts.arg_descriptions()
-    model = f"{name.capitalize()}Args"
-    if name in CODE_TOOLS:
-        return create_model(model, source=(str, Field(description=described["source"])))
-    if name == "roofline":
-        return create_model(model, source=(str | None, Field(None, description=described["source_optional"])))
-    if name == "guide":
-        return create_model(model, topic=(str | None, Field(None, description=described["topic"])))
-    if name == "recall":
-        return create_model(model, candidate=(int, Field(description=described["candidate"])))
-    raise ValueError(f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}")
+    fields: dict[str, Any] = {}
+    if spec.source == "required":
+        fields["source"] = (str, Field(description=described["source"]))
+    elif spec.source == "optional":
+        fields["source"] = (str | None, Field(None, description=described["source_optional"]))
+    if spec.argument is not None:
+        arg = spec.argument
+        fields[arg.name] = ((arg.type, Field(description=described[arg.name])) if arg.required
+                            else (arg.type | None, Field(None, description=described[arg.name])))
+    return create_model(f"{name.capitalize()}Args", **fields)
 
 
 def make_tool(name: str, ctx: ToolContext, on_outcome: Callable[[ToolOutcome], None] | None = None) -> BaseTool:

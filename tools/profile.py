@@ -1,4 +1,4 @@
-"""`profile`: where the candidate's time goes, per rank (harness.profiling).
+"""`profile`: where the candidate's time goes, per rank (harness.profiling; text: tools.summaries).
 
 harness.profiling is imported when the tool runs: a build without it answers that profiling is
 unavailable (true, and costs nothing) instead of failing the agent loop.
@@ -12,6 +12,7 @@ from typing import Any
 
 from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
 from tools.render import Block
+from tools.summaries import profile_text
 
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
@@ -43,8 +44,8 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
     gpu_s = ctx.gpu_seconds(clock["seconds"])
     if failed is not None:
         return _failure(failed, ctx, candidate, gpu_s)
-    # The profiler's own text names problem, shape and W; it is bounded again here, whatever it returns.
-    text = str(profiling.render_text(result, ctx.answer_tokens))
+    # The profile's text names problem, shape and W; it is bounded again here, whatever it returns.
+    text = str(profile_text(result, ctx.answer_tokens))
     data = {"tool": "profile", "available": True, "wall_s": round(clock["seconds"], 4), "result": as_data(result)}
     return ToolOutcome("profile", bounded(ctx, [Block(text)]), data, gpu_s, candidate)
 

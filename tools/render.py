@@ -220,3 +220,19 @@ def fit(blocks: Sequence[Block | str], max_tokens: int) -> str:
     text = "\n".join(parts)
     # Joining can merge tokens across boundaries; a last hard cut keeps the promise in every case.
     return text if count_tokens(text) <= max_tokens else truncate(text, max_tokens, "head")
+
+
+def fit_lines(lines: Sequence[str], max_tokens: int, count: Callable[[str], int] = count_tokens) -> str:
+    """The lines, in priority order, as many as fit in `max_tokens`, with a note of how many were cut."""
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        if count("\n".join([*kept, line])) <= max_tokens:
+            kept.append(line)
+            continue
+        note = f"[... {len(lines) - i} more line(s) cut to fit {max_tokens} tokens]"
+        while kept and count("\n".join([*kept, note])) > max_tokens:
+            kept.pop()
+        if count(note) <= max_tokens:
+            kept.append(note)
+        break
+    return "\n".join(kept)

@@ -2,7 +2,8 @@
 
 Without code it costs no candidate run: harness.roofline traces the reference and divides bytes and FLOPs
 by the machine's ceilings. With code the candidate is benchmarked first (the full protocol, as `bench`)
-and its timings go to harness.roofline, which reports the fraction of the bound it reaches. The module is
+and its timings go to harness.roofline, which reports the fraction of the bound it reaches; the model reads
+the record as tools.summaries.roofline_text writes it. The module is
 imported when the tool runs; a build without it says roofline is unavailable, before any GPU work.
 """
 
@@ -16,6 +17,7 @@ from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwar
 from tools.bench import timing_blocks
 from tools.check import result_data, run_evaluation, verdict_blocks
 from tools.render import Block, count_tokens
+from tools.summaries import roofline_text
 
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
@@ -50,7 +52,7 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
     others = verdict + timing
     used = count_tokens("\n".join(b.text for b in others)) + len(others) if others else 0
     room = max(1, ctx.answer_tokens - used)
-    blocks = verdict + [Block(str(roofline.render_text(bound, room)))] + timing
+    blocks = verdict + [Block(str(roofline_text(bound, room)))] + timing
     data["roofline"] = as_data(bound)
     data["wall_s"] = round(clock["seconds"], 4)
     return ToolOutcome("roofline", bounded(ctx, blocks), data, gpu_s, candidate)

@@ -1,4 +1,16 @@
-"""The `pkb` command line. Each area registers its own subcommands; this file only dispatches.
+"""The `pkb` command line: one module per command, agent/cli/<command>.py; this file only dispatches.
+
+Every command module imports only light things at its top (argparse, rich, the CLI's own helpers): the
+harness (torch), the model stack (langchain, langgraph, the provider SDKs) and matplotlib are imported by
+the command's handler when it runs. So `pkb --help`, `pkb run --help` and every mistake the arguments
+alone reveal answer at once, and the commands that need only the harness run where the model stack is
+not installed (tests/test_cli_startup.py checks both).
+
+Adding a command `pkb NAME`:
+  1. write agent/cli/NAME.py with `register(sub)`, which adds its parser to `sub` (sub.add_parser(NAME,
+     help=...)) and sets `handler` (p.set_defaults(handler=...)): a function of the parsed arguments that
+     returns the exit code; heavy imports go inside the handler, with a comment saying so;
+  2. add NAME to COMMANDS below, in the order `pkb --help` lists the commands.
 
 Bad input (unknown problem, missing file, unsupported world size, ...) is one line on stderr and exit
 code 2, never a traceback.
@@ -11,56 +23,36 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
 
-from agent.cli_common import CliError
+from agent.cli.common import CliError
 
-COMMAND_NAMES = ("problems", "eval", "run", "report", "topology", "roofline", "profile")
+# The registration point: agent/cli/<name>.py for each name, listed by `pkb --help` in this order.
+COMMANDS = ("problems", "eval", "run", "report", "topology", "roofline", "profile")
 OUR_PACKAGES = ("agent", "harness", "tools", "problems", "prompts")
+# Errors of the layers below that are the user's to fix; looked up only where their module was imported
+# (an error of a module never imported cannot have been raised).
+USER_ERRORS = (("agent.providers", "ProviderError"), ("agent.usage", "PriceTableError"))
+# What works where the model stack is not installed (a GPU node often has torch and the harness's needs only).
+HARNESS_ONLY = "problems, eval, topology, roofline and profile"
 
-
-class MissingCommand:
-    """A command whose third-party dependencies are not installed here (a GPU node often has torch and
-    the harness's needs but not the agent's model stack). The other commands keep working; this one
-    answers with one line naming what is missing."""
-
-    def __init__(self, name: str, error: ModuleNotFoundError) -> None:
-        self.name, self.error = name, error
-
-    def register(self, sub: Any) -> None:
-        # Listed in --help; main() answers for it before parsing its options (which are unknown here).
-        sub.add_parser(self.name, help=f"(unavailable here: needs {self.error.name})")
-
-    def message(self) -> str:
-        return (f"pkb {self.name} needs the Python package {self.error.name!r}, which is not installed "
-                "here: pip install -e . (problems, eval, topology, roofline and profile work without it)")
+COMMAND_MODULES: tuple[ModuleType, ...] = tuple(importlib.import_module(f"agent.cli.{name}") for name in COMMANDS)
 
 
 def _is_ours(error: ModuleNotFoundError) -> bool:
     return (error.name or "").split(".")[0] in OUR_PACKAGES
 
 
-def load_command(name: str) -> ModuleType | MissingCommand:
-    try:
-        return importlib.import_module(f"agent.cli_{name}")
-    except ModuleNotFoundError as err:
-        if _is_ours(err):  # a broken import of our own code is a bug, not a missing dependency
-            raise
-        return MissingCommand(name, err)
-
-
-COMMAND_MODULES = tuple(load_command(name) for name in COMMAND_NAMES)
+def missing_package(command: str, error: ModuleNotFoundError) -> str:
+    return (f"pkb {command} needs the Python package {error.name!r}, which is not installed here: pip install -e . "
+            f"({HARNESS_ONLY} work without it)")
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's to fix (bad input, configuration): one line, exit 2."""
     errors: list[type[BaseException]] = [CliError]
-    for module, name in (("agent.providers", "ProviderError"), ("agent.usage", "PriceTableError")):
-        try:
-            errors.append(getattr(importlib.import_module(module), name))
-        except ModuleNotFoundError as err:
-            if _is_ours(err):
-                raise
+    for module, name in USER_ERRORS:
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
     return tuple(errors)
 
 
@@ -76,22 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    missing = {m.name: m for m in COMMAND_MODULES if isinstance(m, MissingCommand)}
-    if words and words[0] in missing:
-        print(f"pkb: error: {missing[words[0]].message()}", file=sys.stderr)
-        return 2
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except user_errors() as err:
-        print(f"pkb: error: {err}", file=sys.stderr)
+    except ModuleNotFoundError as err:
+        if _is_ours(err):  # a broken import of our own code is a bug, not a missing dependency
+            raise
+        print(f"pkb: error: {missing_package(args.command, err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pkb: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    except Exception as err:
+        if isinstance(err, user_errors()):
+            print(f"pkb: error: {err}", file=sys.stderr)
+            return 2
+        raise

@@ -1,43 +1,63 @@
-"""Helpers shared by the CLI commands: errors, problem selection, world-size parsing, the console."""
+"""What every CLI command shares: the one-line error, the consoles, and checks of plain arguments.
+
+Light on purpose (the standard library and rich): `pkb --help` imports it. Problem selection, which loads
+the suite (torch), is agent.cli.source's.
+
+Printing: text that comes from the user, a problem file or a result (names, summaries, messages, paths)
+goes through `plain()` or `escape()`, never into rich markup as it is, so `[tokens, hidden]` prints as
+written. Where stdout is not a terminal (a pipe, a file, a test), the console is as wide as the longest
+line, so tables keep whole cells and long lines are not folded (COLUMNS still sets a width).
+"""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+import os
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
+from rich.text import Text
 
-from harness.problem import MalformedProblem, Problem
-from harness.registry import UnknownProblem, get, load_suite, select
+__all__ = ["CliError", "console", "err_console", "escape", "existing_file", "plain", "world_sizes"]
 
-console = Console()
-err_console = Console(stderr=True)
+# Width of a console that does not write to a terminal: wider than any line the commands print.
+UNBOUNDED_WIDTH = 100_000
 
 
 class CliError(Exception):
     """A user mistake: printed as one line, exit code 2."""
 
 
-def suite() -> list[Problem]:
-    try:
-        return load_suite()
-    except MalformedProblem as err:
-        raise CliError(f"malformed problem: {err}") from None
+class CliConsole(Console):
+    """A rich Console that, where its stream is not a terminal and COLUMNS is unset, is as wide as any line
+    (rich would take 80 columns and fold or crop to them)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        measured = super().size
+        if self.is_terminal or os.environ.get("COLUMNS") or self.width_given:
+            return measured
+        return ConsoleDimensions(UNBOUNDED_WIDTH, measured.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        width, height = new_size
+        self.width_given = True
+        Console.size.fset(self, (width, height))  # type: ignore[attr-defined]
+
+    def __init__(self, *, stderr: bool = False, width: int | None = None) -> None:
+        self.width_given = width is not None
+        super().__init__(stderr=stderr, width=width)
 
 
-def selected(selectors: Sequence[str] | None) -> list[Problem]:
-    try:
-        return select(suite(), selectors)
-    except UnknownProblem as err:
-        raise CliError(str(err)) from None
+# Each finds its stream (sys.stdout, sys.stderr) when it prints: output goes where the stream is now.
+console = CliConsole()
+err_console = CliConsole(stderr=True)
 
 
-def one_problem(name: str) -> Problem:
-    try:
-        return get(suite(), name)
-    except UnknownProblem as err:
-        raise CliError(str(err)) from None
+def plain(text: object) -> Text:
+    """`text` as rich prints it literally (no markup, no highlighting): for table cells and whole lines."""
+    return Text(str(text))
 
 
 def world_sizes(text: str) -> list[int]:
@@ -57,24 +77,3 @@ def existing_file(path: str, what: str) -> Path:
     if not p.is_file():
         raise CliError(f"{what} {path} is not a file")
     return p
-
-
-def check_shape(problem: Problem, shape: str) -> None:
-    if shape not in problem.shapes:
-        raise CliError(f"problem {problem.name} has no shape {shape!r}; it has: {', '.join(problem.shapes)}")
-
-
-def check_world_size(problem: Problem, world_size: int) -> None:
-    if not problem.supports(world_size):
-        sizes = ", ".join(map(str, problem.world_sizes))
-        raise CliError(f"problem {problem.name} does not support world size {world_size}; it supports {sizes}")
-
-
-def add_target_arguments(p: argparse.ArgumentParser, solution_help: str) -> None:
-    """What `pkb roofline` and `pkb profile` look at: a problem, optionally a candidate, where and how big."""
-    p.add_argument("--problem", required=True, help="problem name")
-    p.add_argument("--solution", default=None, help=solution_help)
-    p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=0)

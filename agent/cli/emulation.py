@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from agent.cli_common import CliError
+from agent.cli.common import CliError
 from harness.config import EvalConfig
 from harness.emulation import layout
 

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.table import Table
 
-from agent import cli_emulation
-from agent.cli_common import CliError, check_shape, check_world_size, console, existing_file
-from agent.cli_source import one_in, resolve_source
-from harness.config import EvalConfig, TimingConfig
+from agent.cli import emulation
+from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.options import add_source_argument
+from agent.rundir import write_text_atomic
 from harness.emulation import layout
-from harness.evaluate import evaluate
 from harness.flags import is_emulated
-from harness.results import EvalResult
+
+if TYPE_CHECKING:
+    from harness.results import EvalResult
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="evaluate a candidate solution file on one problem")
     p.add_argument("--problem", required=True, help="problem name (or PKB id with --source pkb:PATH)")
-    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
+    add_source_argument(p)
     p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    cli_emulation.add_argument(p)
+    emulation.add_argument(p)
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -39,19 +38,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    problem = one_in(resolve_source(args.source), args.problem)
+    # What the arguments alone show is said before anything heavy is imported.
     solution = existing_file(args.solution, "solution file")
+    if args.trials < 2:
+        raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
+    # Deferred: the harness imports torch; the parser and `pkb --help` do not need it.
+    import torch
+
+    from agent.cli.source import check_shape, check_world_size, one_in, resolve_source
+    from harness.config import EvalConfig, TimingConfig
+    from harness.evaluate import evaluate
+
+    problem = one_in(resolve_source(args.source), args.problem)
     shape = args.shape or ("default" if args.device == "cuda" else "small")
     check_shape(problem, shape)
     check_world_size(problem, args.world_size)
-    if args.trials < 2:
-        raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
     emulated = layout.is_emulated(args.ranks_per_gpu)
-    cli_emulation.check(args.device, args.world_size, args.ranks_per_gpu)
+    emulation.check(args.device, args.world_size, args.ranks_per_gpu)
     if args.device == "cuda":
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
-        cli_emulation.check(args.device, args.world_size, args.ranks_per_gpu, torch.cuda.device_count())
+        emulation.check(args.device, args.world_size, args.ranks_per_gpu, torch.cuda.device_count())
         if not emulated and torch.cuda.device_count() < args.world_size:
             raise CliError(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
                            f"{torch.cuda.device_count()} visible (or share them: --ranks-per-gpu)")
@@ -61,11 +68,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         config.limits.check_s = args.check_timeout
     if not args.json:
         where = f"{args.device}, {args.ranks_per_gpu} ranks per GPU, emulated" if emulated else args.device
-        console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, {where})")
+        console.print(plain(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, {where})"))
     result = evaluate(problem, solution, world_size=args.world_size, device=args.device, shape=shape, config=config)
     text = result.model_dump_json(indent=2)
     if args.out:
-        _write_atomic(Path(args.out), text)
+        write_text_atomic(Path(args.out), text)
     if args.json:
         print(text)
     else:
@@ -73,30 +80,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if result.correct else 1
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
     color = "green" if result.correct else "red"
-    console.print(f"verdict: [{color}]{result.verdict}[/{color}]")
+    console.print(f"verdict: [{color}]{escape(result.verdict)}[/{color}]")
     if result.failure:
         f = result.failure
         where = ", ".join(x for x in (f"rank {f.rank}" if f.rank is not None else "",
                                       f"trial {f.trial}" if f.trial is not None else "",
                                       f"phase {f.phase}" if f.phase else "") if x)
-        console.print(f"{f.message}" + (f"  ({where})" if where else ""))
+        console.print(plain(f"{f.message}" + (f"  ({where})" if where else "")))
         if f.evidence:
             console.print(f.evidence, markup=False, highlight=False)
     if result.flags:
-        console.print(f"flags: {', '.join(result.flags)}")
+        console.print(plain(f"flags: {', '.join(result.flags)}"))
     emulated = layout.is_emulated(ranks_per_gpu) or is_emulated(result)
     if result.timings and emulated:
-        console.print(f"[yellow]{cli_emulation.notice(ranks_per_gpu)}[/yellow]")
+        console.print(f"[yellow]{escape(emulation.notice(ranks_per_gpu))}[/yellow]")
     if result.timings:
         table = Table(title=f"timing ({result.timings.candidate.clock}; max over ranks per iteration"
                             f"{'; emulated, not a speedup' if emulated else ''})")
@@ -110,4 +109,4 @@ def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
             console.print(f"time ratio (emulated, not a speedup): {result.speedup:.3f}x")
         else:
             console.print(f"speedup: {result.speedup:.3f}x")
-    console.print("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.stages.items()))
+    console.print("stages: " + ", ".join(f"{escape(k)} {v:.2f}s" for k, v in result.stages.items()))

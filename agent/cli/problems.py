@@ -1,33 +1,37 @@
-"""`pkb problems list | show | validate`."""
+"""`pkb problems list | show | validate`: the suite (or a ParallelKernelBench checkout's problems)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.syntax import Syntax
 from rich.table import Table
 
-from agent.cli_common import console, world_sizes
-from agent.cli_source import one_in, resolve_source, select_in
-from harness.validate import Validation, validate_problems
+from agent.cli.common import console, escape, plain, world_sizes
+from agent.cli.options import add_source_argument
+
+if TYPE_CHECKING:
+    from harness.problem import Problem
+    from harness.validate import Validation
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     problems = sub.add_parser("problems", help="list, show and validate the problem suite")
     psub = problems.add_subparsers(dest="problems_command", metavar="ACTION", required=True)
 
     p = psub.add_parser("list", help="name, category, source and world sizes of each problem")
     p.add_argument("selection", nargs="*", help="names, globs (all_*), categories")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
+    add_source_argument(p)
     p.set_defaults(handler=cmd_list)
 
     p = psub.add_parser("show", help="a problem's spec, shapes and reference source")
     p.add_argument("name")
-    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
+    add_source_argument(p)
     p.set_defaults(handler=cmd_show)
 
     p = psub.add_parser("validate", help="distributed reference vs single-process oracle under gloo")
@@ -37,11 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="small")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--source", default=None, help="pkb:PATH to use a ParallelKernelBench checkout")
+    add_source_argument(p)
     p.set_defaults(handler=cmd_validate)
 
 
-def _row(problem) -> dict:
+def _row(problem: Problem) -> dict[str, Any]:
     return {
         "name": problem.name,
         "category": problem.category,
@@ -54,6 +58,8 @@ def _row(problem) -> dict:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from agent.cli.source import resolve_source, select_in  # loads the problems: torch, when the command runs
+
     problems = select_in(resolve_source(args.source), args.selection)
     if args.json:
         print(json.dumps([_row(p) for p in problems], indent=2))
@@ -63,29 +69,36 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     for p in problems:
         src = f"{p.source['codebase']}: {p.source['path']} :: {p.source['symbol']}"
-        table.add_row(p.name, p.category, src, ",".join(map(str, p.world_sizes)))
+        table.add_row(plain(p.name), plain(p.category), plain(src), ",".join(map(str, p.world_sizes)))
     console.print(table)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from agent.cli.source import one_in, resolve_source  # loads the problems: torch, when the command runs
+
     p = one_in(resolve_source(args.source), args.name)
-    console.print(f"[bold]{p.name}[/bold]  ({p.category})")
-    console.print(f"source: {p.source['codebase']} — {p.source['path']} :: {p.source['symbol']}")
+    console.print(f"[bold]{escape(p.name)}[/bold]  ({escape(p.category)})")
+    console.print(plain(f"source: {p.source['codebase']} — {p.source['path']} :: {p.source['symbol']}"))
     console.print(f"dtype: {str(p.dtype).replace('torch.', '')}   world sizes: {', '.join(map(str, p.world_sizes))}"
                   f"   tolerance: atol={p.atol:g} rtol={p.rtol:g}")
-    console.print(p.summary, "\n")
+    console.print(plain(p.summary), "\n")
     shapes = Table(title="shapes")
     shapes.add_column("name")
     shapes.add_column("dimensions")
     for name, dims in p.shapes.items():
-        shapes.add_row(name, ", ".join(f"{k}={v}" for k, v in dims.items()))
+        shapes.add_row(plain(name), plain(", ".join(f"{k}={v}" for k, v in dims.items())))
     console.print(shapes)
-    console.print(Syntax(p.path.read_text(), "python", line_numbers=False))
+    # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
+    console.print(Syntax(p.path.read_text(), "python", line_numbers=False, word_wrap=True))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    # Deferred: the problems and the rank pools import torch, which the parser does not need.
+    from agent.cli.source import resolve_source, select_in
+    from harness.validate import validate_problems
+
     problems = select_in(resolve_source(args.source), args.selection)
     sizes = world_sizes(args.world_size)
     jobs = sum(1 for w in sizes for p in problems if p.supports(w))
@@ -97,9 +110,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         def on_result(v: Validation) -> None:
             results.append(v)
-            progress.update(task, advance=1, description=f"W={v.world_size} {v.problem}")
+            progress.update(task, advance=1, description=escape(f"W={v.world_size} {v.problem}"))
             if not v.ok and not args.json:
-                progress.console.print(f"[red]FAIL[/red] W={v.world_size} {v.problem}: {v.verdict}: {v.message}")
+                failed = f"W={v.world_size} {v.problem}: {v.verdict}: {v.message}"
+                progress.console.print(f"[red]FAIL[/red] {escape(failed)}")
 
         validate_problems(problems, sizes, shape=args.shape, trials=args.trials, seed=args.seed,
                           on_result=on_result)
@@ -118,8 +132,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             cells = []
             for w in sizes:
                 v = by_key.get((p.name, w))
-                cells.append("—" if v is None else ("[green]pass[/green]" if v.ok else f"[red]{v.verdict}[/red]"))
-            table.add_row(p.name, p.category, *cells)
+                cells.append("—" if v is None else "[green]pass[/green]" if v.ok else f"[red]{escape(v.verdict)}[/red]")
+            table.add_row(plain(p.name), plain(p.category), *cells)
         console.print(table)
         console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.1f} s")
     return 1 if failed else 0

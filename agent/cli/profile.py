@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from agent.cli_common import CliError, add_target_arguments, console, existing_file, one_problem
-from agent.cli_roofline import check_run
-from harness import ncu as nsight
-from harness.profiling import ProfileError, ProfileReport, profile, render_text
+from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.options import add_target_arguments
+from harness import ncu as nsight  # the metric sets, for the options (the standard library only)
+from tools.summaries import ncu_lines, profile_text
+
+if TYPE_CHECKING:
+    from harness.profiling import ProfileReport
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="per-rank kernel timeline (communication, compute, overlap, idle, skew) "
                                        "and, on GPUs, Nsight Compute metrics of one rank")
     add_target_arguments(p, "candidate file (default: profile the reference)")
@@ -35,9 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    problem = one_problem(args.problem)
+    # What the arguments alone show is said before anything heavy is imported.
     solution = existing_file(args.solution, "solution file") if args.solution else None
-    shape = check_run(problem, args.shape, args.world_size, args.device)
     if args.iters < 1 or args.warmup < 0:
         raise CliError("--iters must be at least 1 and --warmup at least 0")
     use_ncu = args.device == "cuda" if args.ncu is None else args.ncu
@@ -48,10 +51,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     if use_ncu and not 0 <= args.ncu_rank < args.world_size:
         raise CliError(f"--ncu-rank {args.ncu_rank} is not a rank of W={args.world_size}")
+    # Deferred: the profiler and the problems import torch.
+    from agent.cli.source import check_target, one_problem
+    from harness.profiling import ProfileError, profile
+
+    problem = one_problem(args.problem)
+    shape = check_target(problem, args.shape, args.world_size, args.device)
     quiet = args.json or args.text
     if not quiet:
-        console.print(f"profiling {solution or 'the reference'} on {problem.name} (shape {shape}, "
-                      f"W={args.world_size}, {args.device}{', ncu' if use_ncu else ''})")
+        console.print(plain(f"profiling {solution or 'the reference'} on {problem.name} (shape {shape}, "
+                            f"W={args.world_size}, {args.device}{', ncu' if use_ncu else ''})"))
     try:
         report = profile(problem, solution, world_size=args.world_size, device=args.device, shape=shape,
                          seed=args.seed, warmup=args.warmup, iters=args.iters, ncu=use_ncu, ncu_rank=args.ncu_rank,
@@ -60,14 +69,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"ok": False, "verdict": err.verdict, "message": str(err), "evidence": err.evidence}))
         else:
-            console.print(f"[red]{err.verdict}[/red]: {err}")
+            console.print(f"[red]{escape(err.verdict)}[/red]: {escape(str(err))}")
             if err.evidence and not args.text:
                 console.print(err.evidence, markup=False, highlight=False)
         return 1
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif args.text:
-        print(render_text(report))
+        print(profile_text(report))
     else:
         render(report)
     return 0
@@ -79,8 +88,8 @@ def _us(value: float) -> str:
 
 def render(report: ProfileReport) -> None:
     unit = "device µs" if report.device == "cuda" else "host µs (CPU: plumbing only)"
-    table = Table(title=f"{report.target} on {report.problem} shape={report.shape} W={report.world_size}: "
-                        f"{report.iterations} profiled calls, per-call means ({unit})")
+    table = Table(title=plain(f"{report.target} on {report.problem} shape={report.shape} W={report.world_size}: "
+                              f"{report.iterations} profiled calls, per-call means ({unit})"))
     for col in ("rank", "call", "median", "comm", "compute", "overlap", "idle", "gaps", "max gap", "kernels"):
         table.add_column(col, justify="right")
     for r in report.ranks:
@@ -97,11 +106,11 @@ def render(report: ProfileReport) -> None:
         for col in ("kernel", "kind", "µs", "launches"):
             kernels.add_column(col, justify="left" if col in ("kernel", "kind") else "right")
         for k in slow.kernels:
-            kernels.add_row(k.name, k.kind, _us(k.us_per_iter), f"{k.launches_per_iter:g}")
+            kernels.add_row(plain(k.name), k.kind, _us(k.us_per_iter), f"{k.launches_per_iter:g}")
         console.print(kernels)
     if report.ncu is not None:
-        for line in nsight.render_lines(report.ncu):
+        for line in ncu_lines(report.ncu):
             console.print(line, markup=False, highlight=False)
     for note in report.notes:
-        console.print(f"note: {note}")
+        console.print(plain(f"note: {note}"))
     console.print(f"took {report.seconds:.1f} s")

@@ -1,20 +1,21 @@
-"""`pkb report RUN [RUN ...] [--format md|html|json] [--out PATH] [--k K]`."""
+"""`pkb report RUN [RUN ...] [--format md|html|json] [--out PATH] [--k K]`: agent.report's numbers, laid out."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agent import report
-from agent.cli_common import CliError, console
-from harness.run_reader import Run, RunFormatError, read_run
+from agent.cli.common import CliError, console, plain
+from agent.rundir import write_text_atomic
+
+if TYPE_CHECKING:
+    from agent.report.run_reader import Run
 
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="metrics and report of one or more runs (several runs: side by side)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (runs/<run_id>)")
     p.add_argument("--format", choices=("md", "html", "json"), default=None,
@@ -35,6 +36,8 @@ def runs_inside(folder: Path, limit: int = 5) -> list[str]:
 
 
 def load_runs(paths: list[str]) -> list[Run]:
+    from agent.report.run_reader import RunFormatError, read_run  # pydantic models: when the command runs
+
     runs = []
     for path in paths:
         try:
@@ -59,45 +62,39 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(f"--k must be at least 1, got {args.k}")
     if args.out and Path(args.out).is_dir():
         raise CliError(f"--out {args.out} is a directory; give a file name")
+    # Deferred: numpy, and matplotlib for the figures, are the report's alone.
+    from agent.report.build import ReportError, build, to_json
+    from agent.report.figures import write_figures
+    from agent.report.html import to_html
+    from agent.report.markdown import to_markdown
+
     runs = load_runs(args.runs)
     try:
-        built = report.build(runs, k=args.k, seed=args.seed)
-    except report.ReportError as err:
+        built = build(runs, k=args.k, seed=args.seed)
+    except ReportError as err:
         raise CliError(str(err)) from None
     fmt = output_format(args.format, args.out)
     out = Path(args.out) if args.out else None
     if fmt == "json":
-        text = report.to_json(built)
+        text = to_json(built)
     elif fmt == "html":
-        text = report.to_html(built)
+        text = to_html(built)
     else:
-        links: dict[str, str] = {}
+        links: dict[str, str] | None = None  # on stdout: the tables only
         if out is not None:  # markdown cannot carry images: they go next to it, linked relatively
             folder = out.parent / f"{out.stem}_figures"
             try:
-                written = report.write_figures(built, folder)
+                written = write_figures(built, folder)
             except OSError as err:
                 raise CliError(f"cannot write the figures to {folder}: {err.strerror or err}") from None
             links = {stem: f"{folder.name}/{path.name}" for stem, path in written.items()}
-        text = report.to_markdown(built, links)
+        text = to_markdown(built, links)
     if out is None:
         print(text)
         return 0
     try:
-        _write_atomic(out, text)
+        write_text_atomic(out, text)  # the mode of an ordinary file (0666 less the umask), not a temp file's 0600
     except OSError as err:
         raise CliError(f"cannot write {out}: {err.strerror or err}") from None
-    console.print(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))")
+    console.print(plain(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))"))
     return 0
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)  # no half-written temp file left beside the report
-        raise

@@ -5,39 +5,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.table import Table
 
-from agent.cli_common import (
-    CliError,
-    add_target_arguments,
-    check_shape,
-    check_world_size,
-    console,
-    existing_file,
-    one_problem,
-)
-from harness.config import EvalConfig, TimingConfig
-from harness.evaluate import evaluate
-from harness.pool import PoolError, RankPool
-from harness.problem import Problem
-from harness.results import EvalResult
-from harness.roofline import (
-    Roofline,
-    RooflineError,
-    fmt_bytes,
-    fmt_flops,
-    fmt_time,
-    render_text,
-    resolve_ceilings,
-    roofline,
-    time_reference,
-    trace_reference,
-)
+from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.options import add_target_arguments
+from tools.summaries import fmt_bytes, fmt_flops, fmt_time, roofline_text
+
+if TYPE_CHECKING:
+    from harness.results import EvalResult
+    from harness.roofline import Roofline
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("roofline", help="lower-bound time of a problem (interconnect, HBM, FLOPs) and the "
                                         "fraction of it the reference and a candidate reach")
     add_target_arguments(p, "candidate file: evaluate it and show its fraction too")
@@ -48,31 +29,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_roofline)
 
 
-def check_run(problem: Problem, shape: str | None, world_size: int, device: str) -> str:
-    """The shape to use; CliError when the problem, shape, world size or device does not fit."""
-    shape = shape or ("default" if device == "cuda" else "small")
-    check_shape(problem, shape)
-    check_world_size(problem, world_size)
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise CliError("--device cuda: no CUDA device is visible on this machine")
-        if torch.cuda.device_count() < world_size:
-            raise CliError(f"--world-size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible")
-    return shape
-
-
 def cmd_roofline(args: argparse.Namespace) -> int:
-    problem = one_problem(args.problem)
     solution = existing_file(args.solution, "solution file") if args.solution else None
-    shape = check_run(problem, args.shape, args.world_size, args.device)
+    # Deferred: the harness imports torch, which the parser does not need.
+    from agent.cli.source import check_target, one_problem
+    from harness.config import EvalConfig, TimingConfig
+    from harness.evaluate import evaluate
+    from harness.pool import PoolError, RankPool
+    from harness.roofline import RooflineError, resolve_ceilings, roofline, time_reference, trace_reference
+
+    problem = one_problem(args.problem)
+    shape = check_target(problem, args.shape, args.world_size, args.device)
     quiet = args.json or args.text
     result: EvalResult | None = None
     try:
         ceilings = resolve_ceilings(device=args.device)
         if solution is not None:
             if not quiet:
-                console.print(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, "
-                              f"{args.device})")
+                console.print(plain(f"evaluating {solution} on {problem.name} (shape {shape}, W={args.world_size}, "
+                                    f"{args.device})"))
             config = EvalConfig(seed=args.seed, skip_timing=args.no_timing,
                                 timing=TimingConfig.for_device(args.device))
             result = evaluate(problem, Path(solution), world_size=args.world_size, device=args.device, shape=shape,
@@ -90,17 +65,18 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     if args.json:
         print(r.model_dump_json(indent=2))
     elif args.text:
-        print(render_text(r))
+        print(roofline_text(r))
     else:
         if result is not None and not result.correct:
-            console.print(f"[red]{result.summary_line()}[/red] (the candidate has no fraction)")
+            console.print(f"[red]{escape(result.summary_line())}[/red] (the candidate has no fraction)")
         render(r)
     return 0 if result is None or result.correct else 1
 
 
 def render(r: Roofline) -> None:
     c = r.ceilings
-    table = Table(title=f"roofline {r.problem} shape={r.shape} W={r.world_size} ({r.device}; {r.traffic_source})")
+    title = f"roofline {r.problem} shape={r.shape} W={r.world_size} ({r.device}; {r.traffic_source})"
+    table = Table(title=plain(title))
     for col in ("rank", "send", "recv", "HBM", "FLOPs", "link", "HBM time", "compute", "bound", "binds"):
         table.add_column(col, justify="right" if col not in ("binds",) else "left")
     for b in r.ranks:
@@ -110,10 +86,10 @@ def render(r: Roofline) -> None:
                       fmt_time(b.bound_s), b.binding)
     console.print(table)
     if r.declared:
-        console.print(f"declared by the problem's traffic(): {', '.join(r.declared)}; the rest traced")
-    console.print(f"ceilings: link {c.link_bytes_per_s / 1e9:.0f} GB/s ({c.link_source}), HBM "
-                  f"{c.hbm_bytes_per_s / 1e12:.2f} TB/s ({c.hbm_source}), matrix {c.matmul_flops_per_s / 1e12:.0f} "
-                  f"TFLOP/s ({c.matmul_source})")
+        console.print(plain(f"declared by the problem's traffic(): {', '.join(r.declared)}; the rest traced"))
+    console.print(plain(f"ceilings: link {c.link_bytes_per_s / 1e9:.0f} GB/s ({c.link_source}), HBM "
+                        f"{c.hbm_bytes_per_s / 1e12:.2f} TB/s ({c.hbm_source}), matrix "
+                        f"{c.matmul_flops_per_s / 1e12:.0f} TFLOP/s ({c.matmul_source})"))
     console.print(f"bound: [bold]{fmt_time(r.bound_s)}[/bold], {r.binding}-bound (rank {r.bound_rank})")
     if r.collectives:
         kinds = Table(title=f"traced collectives of rank {r.bound_rank}")
@@ -133,6 +109,6 @@ def render(r: Roofline) -> None:
                           "[red]IMPOSSIBLE[/red]" if a.impossible else "")
         console.print(timed)
     for flag in r.flags:
-        console.print(f"[red]flag: {flag}[/red]")
+        console.print(f"[red]flag: {escape(flag)}[/red]")
     for note in r.notes:
-        console.print(f"note: {note}")
+        console.print(plain(f"note: {note}"))

@@ -1,7 +1,10 @@
-"""`--source`: which problems a command works on. None is this suite; "pkb:PATH" a PKB checkout.
+"""Which problems a command works on: `--source` (None is this suite; "pkb:PATH" a ParallelKernelBench
+checkout), selection within it, and the checks of a problem's shape and world size.
 
-Selection within a source follows harness.registry (names, globs, categories); for PKB problems a
-plain number also selects by PKB's problem id, so `--problem 12` finds reference/12_<name>.py.
+Selection follows harness.registry (names, globs, categories); for a checkout's problems a plain number
+also selects by ParallelKernelBench's problem id, so `--problem 12` finds reference/12_<name>.py.
+
+Imported by the command handlers only: loading problems imports torch.
 """
 
 from __future__ import annotations
@@ -9,16 +12,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.cli_common import CliError, suite
-from harness.parallelkernelbench import checkout
-from harness.problem import Problem
-from harness.registry import UnknownProblem, get, select
+import torch
 
-PKB_PREFIX = "pkb:"
+from agent.cli.common import CliError
+from harness.parallelkernelbench import checkout
+from harness.problem import MalformedProblem, Problem
+from harness.registry import UnknownProblem, get, load_suite, select
+
+PKB_PREFIX = checkout.SPEC_PREFIX  # `--source pkb:PATH` (agent.cli.options defines the option)
+
+
+def suite() -> list[Problem]:
+    try:
+        return load_suite()
+    except MalformedProblem as err:
+        raise CliError(f"malformed problem: {err}") from None
+
+
+def one_problem(name: str) -> Problem:
+    """One problem of this suite by name."""
+    try:
+        return get(suite(), name)
+    except UnknownProblem as err:
+        raise CliError(str(err)) from None
 
 
 def resolve_source(text: str | None) -> list[Problem]:
-    """The problems of a source: None (or "") for this suite, "pkb:PATH" for a PKB checkout."""
+    """The problems of a source: None (or "") for this suite, "pkb:PATH" for a ParallelKernelBench checkout."""
     if not text:
         return suite()
     if not text.startswith(PKB_PREFIX) or not text[len(PKB_PREFIX):].strip():
@@ -30,7 +50,7 @@ def resolve_source(text: str | None) -> list[Problem]:
 
 
 def _by_id(problems: Sequence[Problem], selector: str) -> str:
-    """A numeric selector becomes the name of the PKB problem with that id (unchanged otherwise)."""
+    """A numeric selector becomes the name of the checkout's problem with that id (unchanged otherwise)."""
     if not selector.isdigit():
         return selector
     for p in problems:
@@ -49,8 +69,33 @@ def select_in(problems: Sequence[Problem], selectors: Sequence[str] | None) -> l
 
 
 def one_in(problems: Sequence[Problem], name: str) -> Problem:
-    """One problem of a source by name (or PKB id)."""
+    """One problem of a source by name (or ParallelKernelBench id)."""
     try:
         return get(problems, _by_id(problems, name.strip()))
     except UnknownProblem as err:
         raise CliError(str(err)) from None
+
+
+def check_shape(problem: Problem, shape: str) -> None:
+    if shape not in problem.shapes:
+        raise CliError(f"problem {problem.name} has no shape {shape!r}; it has: {', '.join(problem.shapes)}")
+
+
+def check_world_size(problem: Problem, world_size: int) -> None:
+    if not problem.supports(world_size):
+        sizes = ", ".join(map(str, problem.world_sizes))
+        raise CliError(f"problem {problem.name} does not support world size {world_size}; it supports {sizes}")
+
+
+def check_target(problem: Problem, shape: str | None, world_size: int, device: str) -> str:
+    """What `pkb roofline` and `pkb profile` run: the shape to use; CliError when the problem, shape, world size
+    or device does not fit."""
+    shape = shape or ("default" if device == "cuda" else "small")
+    check_shape(problem, shape)
+    check_world_size(problem, world_size)
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda: no CUDA device is visible on this machine")
+        if torch.cuda.device_count() < world_size:
+            raise CliError(f"--world-size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible")
+    return shape

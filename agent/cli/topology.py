@@ -5,27 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from agent.cli_common import CliError, console, err_console
-from harness.fingerprint import hardware_key
-from harness.pool import SAFE_ENV
-from harness.topology import (
-    Calibration,
-    Profile,
-    Topology,
-    TopologyError,
-    calibrate,
-    ceilings,
-    discover,
-    load,
-    save,
-)
+from agent.cli.common import CliError, console, err_console, escape, plain
+
+if TYPE_CHECKING:
+    from harness.topology import Calibration, Profile, Topology
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("topology", help="GPUs, NVLink, peer access, multicast policy and measured ceilings")
     p.add_argument("--calibrate", action="store_true",
                    help="measure peer copy, HBM copy, bf16 matmul and the NCCL all-reduce curve (>= 2 GPUs, "
@@ -36,42 +28,50 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
+    # Deferred: discovery and calibration import torch (and CUDA), which the parser does not need.
+    from harness import topology
+    from harness.environment import hardware_key
+    from harness.pool import SAFE_ENV
+
     if args.calibrate:
         os.environ.update(SAFE_ENV)  # before any CUDA work here: NVLink multicast stays off
-    topo = discover()
+    topo = topology.discover()
     if args.calibrate and topo.gpu_count < 2:
         raise CliError(f"--calibrate needs at least 2 CUDA GPUs; this machine has {topo.gpu_count}")
     key = hardware_key()
     if args.calibrate:
         try:
             with console.status("calibrating: peer copy, HBM, matmul, NCCL all-reduce ...", spinner="dots"):
-                calibration = calibrate()
-        except TopologyError as err:
-            err_console.print(f"pkb: calibration failed: {err}")
+                calibration = topology.calibrate()
+        except topology.TopologyError as err:
+            err_console.print(plain(f"pkb: calibration failed: {err}"))
             return 1
-        profile = Profile(hardware_key=key, topology=topo, calibration=calibration)
-        path = save(profile)
+        profile = topology.Profile(hardware_key=key, topology=topo, calibration=calibration)
+        path = topology.save(profile)
         if not args.json:
-            console.print(f"calibration cached in {path}")
+            console.print(plain(f"calibration cached in {path}"))
     else:
-        profile = Profile(hardware_key=key, topology=topo, calibration=_cached_calibration(key))
+        profile = topology.Profile(hardware_key=key, topology=topo, calibration=_cached_calibration(key))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(profile.model_dump_json(indent=1))
+    ceilings = topology.ceilings(profile)
     if args.json:
-        print(json.dumps({**profile.model_dump(mode="json"), "ceilings": ceilings(profile)}, indent=1))
+        print(json.dumps({**profile.model_dump(mode="json"), "ceilings": ceilings}, indent=1))
         return 0
-    render(profile)
+    render(profile, ceilings, SAFE_ENV)
     return 0
 
 
 def _cached_calibration(key: str) -> Calibration | None:
     """The cached calibration when it was measured in this environment; else None."""
+    from harness import topology  # deferred with cmd_topology's imports (torch)
+
     try:
-        cached = load()
-    except TopologyError as err:
-        err_console.print(f"pkb: warning: {err}; ignoring it")
+        cached = topology.load()
+    except topology.TopologyError as err:
+        err_console.print(plain(f"pkb: warning: {err}; ignoring it"))
         return None
     return cached.calibration if cached is not None and cached.hardware_key == key else None
 
@@ -81,18 +81,19 @@ def _gb(value: float | None, scale: float = 1e9, unit: str = "GB/s") -> str:
     return "—" if value is None else f"{value / scale:,.{digits}f} {unit}"
 
 
-def render(profile: Profile) -> None:
+def render(profile: Profile, ceilings: Mapping[str, Any], safe_env: Mapping[str, str]) -> None:
+    """The profile as tables; `ceilings` is topology.ceilings(profile), `safe_env` harness.pool.SAFE_ENV."""
     topo = profile.topology
     console.print(_summary(topo))
     if topo.gpus:
         console.print(_gpu_table(topo))
         console.print(_link_matrix(topo))
-    console.print(_multicast_line(topo))
-    console.print(_ceiling_table(profile))
+    console.print(_multicast_line(topo, safe_env))
+    console.print(_ceiling_table(ceilings))
     if profile.calibration is not None:
         _render_calibration(profile)
     for note in topo.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {escape(note)}[/dim]")
 
 
 def _summary(topo: Topology) -> str:
@@ -102,7 +103,7 @@ def _summary(topo: Topology) -> str:
              f"CUDA {topo.cuda}" + (f" (driver supports {topo.cuda_driver})" if topo.cuda_driver else "")
              if topo.cuda else None,
              f"NCCL {topo.nccl}" if topo.nccl else None, f"torch {topo.torch}"]
-    return f"[bold]{gpus}[/bold]   " + "   ".join(f for f in facts if f)
+    return f"[bold]{escape(gpus)}[/bold]   " + escape("   ".join(f for f in facts if f))
 
 
 def _gpu_table(topo: Topology) -> Table:
@@ -114,7 +115,7 @@ def _gpu_table(topo: Topology) -> Table:
         speeds = sorted({link.gbytes_per_s for link in g.nvlinks if link.active and link.gbytes_per_s})
         per_link = ", ".join(f"{s:.3f} GB/s" for s in speeds) or "—"
         multicast = "—" if g.multicast_supported is None else ("yes" if g.multicast_supported else "no")
-        table.add_row(str(g.index), g.name, f"{g.memory_bytes / 2**30:.0f} GiB", str(g.sm_count),
+        table.add_row(str(g.index), plain(g.name), f"{g.memory_bytes / 2**30:.0f} GiB", str(g.sm_count),
                       f"{g.l2_bytes / 2**20:.0f} MiB", g.compute_capability, f"{g.active_links}/{len(g.nvlinks)}",
                       per_link, _gb(g.link_spec_bytes_per_s), multicast)
     return table
@@ -135,16 +136,15 @@ def _link_matrix(topo: Topology) -> Table:
     return table
 
 
-def _multicast_line(topo: Topology) -> str:
+def _multicast_line(topo: Topology, safe_env: Mapping[str, str]) -> str:
     attr = {True: "the GPUs report it supported", False: "not supported by the GPUs",
             None: "support unknown"}[topo.multicast_supported]
-    env = ", ".join(f"{k}={topo.multicast_env.get(k)}" for k in SAFE_ENV)
+    env = ", ".join(f"{k}={topo.multicast_env.get(k)}" for k in safe_env)
     policy = "[green]disabled by policy[/green]" if topo.multicast_disabled_by_policy else "[red]NOT disabled[/red]"
-    return f"NVLink multicast: {attr}; {policy} ({env})"
+    return f"NVLink multicast: {attr}; {policy} ({escape(env)})"
 
 
-def _ceiling_table(profile: Profile) -> Table:
-    c = ceilings(profile)
+def _ceiling_table(c: Mapping[str, Any]) -> Table:
     table = Table(title=f"roofline ceilings ({c['source']})")
     for col in ("ceiling", "value", "source"):
         table.add_column(col, justify="right" if col == "value" else "left")
@@ -153,7 +153,7 @@ def _ceiling_table(profile: Profile) -> Table:
     table.add_row("HBM (read + write)", _gb(c["hbm_bytes_per_s"], 1e12, "TB/s"), c["hbm_source"])
     table.add_row("bf16 matmul", _gb(c["matmul_flops_per_s"], 1e12, "TFLOP/s"), c["matmul_source"])
     for note in c["notes"]:
-        table.caption = (table.caption + "; " if table.caption else "") + note
+        table.caption = (table.caption + "; " if table.caption else "") + escape(note)
     return table
 
 

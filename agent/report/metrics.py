@@ -1,4 +1,5 @@
 """Metrics over finished samples: pass@k, fast_p@k, intervals, speedups, failures, usage. Pure: no I/O.
+(The report's, and the run summary's: agent.cli.run counts what is fast by the same rule.)
 
 A sample record is a mapping shaped like docs/run-layout.md's sample.json. Only finished samples
 (`"status": "finished"`) count, and an `infra_error` verdict (the harness's failure, not the model's) is
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from harness import failures
-from harness.flags import fast_eligible, is_emulated
+from harness.flags import EMULATED, SPEEDUP_DISQUALIFIERS, fast_eligible, is_emulated
 
 NO_CODE = "no_code"
 # Failure-class labels in PKB's taxonomy, in the order reports show them; no_code is ours (no candidate).
@@ -117,6 +118,19 @@ def finished(records: Iterable[SampleRecord]) -> list[SampleRecord]:
 def scored(records: Iterable[SampleRecord]) -> list[SampleRecord]:
     """Finished samples that count: an infra_error is the harness's failure, never charged to the model."""
     return [r for r in finished(records) if r.get("verdict") != failures.INFRA_ERROR]
+
+
+def uncounted_speedups(records: Iterable[SampleRecord]) -> dict[str, Any]:
+    """Correct, timed, finished samples whose speedup does not count (an integrity flag: uses_nccl, ...), with
+    how often each disqualifying flag was raised. Without this a correct arm's empty fast_p reads as slow."""
+    flags: Counter[str] = Counter()
+    n = 0
+    for r in finished(records):
+        if r.get("correct") and r.get("speedup") is not None and counted_speedup(r) is None:
+            n += 1
+            reasons = {f for f in r.get("flags") or [] if f in SPEEDUP_DISQUALIFIERS}
+            flags.update(reasons | ({EMULATED} if is_emulated(r) else set()))
+    return {"samples": n, "flags": dict(sorted(flags.items()))}
 
 
 def score_problems(records: Iterable[SampleRecord]) -> dict[str, list[ProblemScore]]:

@@ -12,8 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-RUN_SCHEMA = "pkb-run/1"
-SAMPLE_SCHEMA = "pkb-sample/1"
+from agent.rundir import RUN_SCHEMA, SAMPLE_SCHEMA
 
 
 class RunFormatError(ValueError):

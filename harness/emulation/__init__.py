@@ -10,8 +10,25 @@ On the trusted side, `harness.emulation.errors` (no torch needed) recognises ref
 (`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from harness.emulation.errors import PREFIX, NotAvailableInEmulation, Refusal, parse_refusal, refusal_is_plausible
-from harness.emulation.installer import install, installed, uninstall
+
+if TYPE_CHECKING:
+    from harness.emulation.installer import install, installed, uninstall
 
 __all__ = ["PREFIX", "NotAvailableInEmulation", "Refusal", "install", "installed", "parse_refusal",
            "refusal_is_plausible", "uninstall"]
+_INSTALLER = ("install", "installed", "uninstall")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INSTALLER:
+        # Deferred on purpose: the installer imports torch, and the trusted side (layout, errors: the CLI,
+        # the judge) imports this package without needing it.
+        from harness.emulation import installer
+
+        return getattr(installer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

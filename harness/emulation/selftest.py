@@ -170,6 +170,7 @@ def print_result(result: dict[str, Any]) -> None:
 
 # -- one rank (child side) --------------------------------------------------------------------------
 def child(rank: int, world_size: int, folder: Path) -> None:
+    # Deferred: torch and the emulation's installer are the rank processes'; the parent only plans and reads.
     import torch
     import torch.distributed as dist
 
@@ -236,6 +237,7 @@ def load_module(path: str, name: str) -> Any:
 
 
 def run_case(case: dict[str, Any], plan: dict[str, Any], rank: int, world_size: int, device: Any) -> dict[str, Any]:
+    # Deferred: rank side only (see child).
     import torch
     import torch.distributed as dist
 

@@ -65,7 +65,8 @@ class NotACheckout(CheckoutError):
 # -- the checkout -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CheckoutStatus:
-    """Whether a path is a ParallelKernelBench checkout; `reason` says what is missing when it is not. Truthy when ok."""
+    """Whether a path is a ParallelKernelBench checkout; `reason` says what is missing when it is not. Truthy
+    when ok."""
 
     ok: bool
     reason: str = ""

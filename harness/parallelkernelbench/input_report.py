@@ -76,8 +76,8 @@ def _report(spec: str, sha256: str, shape: str, world_size: int, seed: int) -> I
 
 
 def _report_in_child(problem: Problem, shape: str, world_size: int, seed: int, first: str) -> InputReport:
-    command = [sys.executable, "-m", "harness.parallelkernelbench.input_probe", problem.loader_spec, shape, str(world_size),
-               str(seed)]
+    command = [sys.executable, "-m", "harness.parallelkernelbench.input_probe", problem.loader_spec, shape,
+               str(world_size), str(seed)]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     try:
         proc = subprocess.run(command, cwd=str(Path(__file__).resolve().parents[2]), env=env,
@@ -97,8 +97,8 @@ def _report_in_child(problem: Problem, shape: str, world_size: int, seed: int, f
 
 def input_report(problem: Problem, shape: str = "small", world_size: int | None = None,
                  seed: int = 0) -> InputReport:
-    """What the harness does to a ParallelKernelBench problem's inputs at `shape` and `world_size`: which inputs it re-draws
-    per trial and which it leaves constant, on which ranks, and why (cached per checkout state). For a
+    """What the harness does to a ParallelKernelBench problem's inputs at `shape` and `world_size`: which inputs it
+    re-draws per trial and which it leaves constant, on which ranks, and why (cached per checkout state). For a
     result record: `input_report(...).as_dict()`; its `flags()` say whether anything was perturbed or left
     constant. Empty for this suite's own problems."""
     w = world_size or problem.world_sizes[0]

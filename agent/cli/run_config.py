@@ -1,0 +1,159 @@
+"""`pkb run`'s run configuration from its options, and the check that options given with --resume agree with
+the stored run."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agent.budgets import Budget
+from agent.cli.common import CliError
+from agent.cli.source import resolve_source, select_in
+from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
+from agent.context import DEFAULT_SHARE
+from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
+from agent.rundir import RunDir
+from agent.runner import RunConfig
+from harness.problem import Problem
+
+# (option, RunConfig field): options that, given with --resume, must agree with the stored run.
+RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--samples", "samples"),
+                  ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
+                  ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"),
+                  ("--seed", "seed"), ("--trials", "trials"),
+                  ("--base-url", "base_url"), ("--prices", "prices"), ("budgets", "budgets"),
+                  ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"),
+                  ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"),
+                  ("--reasoning-effort", "reasoning_effort"), ("--thinking-budget", "thinking_budget"),
+                  ("--models", "models"), ("--context-window", "context_window"), ("--context-share", "context_share"),
+                  ("--no-prompt-cache", "prompt_cache"))
+
+
+def _model_text(text: str) -> str:
+    """The canonical model string: replay and script paths made absolute, so a resume works from anywhere."""
+    try:
+        spec = parse_model_spec(text)
+    except ProviderError as err:
+        raise CliError(str(err)) from None
+    if spec.provider == "replay" or (spec.provider == "scripted" and spec.name.endswith(".json")):
+        return f"{spec.provider}:{Path(spec.name).expanduser().resolve()}"
+    return spec.text
+
+
+def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The budget the options ask for, None when no budget option was given."""
+    given = {"max_turns": args.budget_turns, "max_input_tokens": args.budget_input_tokens,
+             "max_output_tokens": args.budget_output_tokens, "max_cost_usd": args.budget_cost,
+             "max_wall_s": args.budget_wall, "max_gpu_s": args.budget_gpu}
+    if args.budget_tokens is not None:
+        for key in ("max_input_tokens", "max_output_tokens"):
+            given[key] = given[key] if given[key] is not None else args.budget_tokens
+    if all(v is None for v in given.values()):
+        return None
+    for key, value in given.items():
+        if value is not None and value < 0:
+            raise CliError(f"budget {key} must be positive (0: no limit), got {value}")
+    budget = Budget().as_dict()
+    budget.update({k: (None if v == 0 else v) for k, v in given.items() if v is not None})
+    return Budget.from_dict(budget).as_dict()
+
+
+def _conditions(args: argparse.Namespace, spec: ModelSpec) -> list[Condition]:
+    if spec.provider == "replay":
+        if args.tools or any(c.strip() not in ("", REPLAY) for item in args.condition or [] for c in item.split(",")):
+            raise CliError("replay:DIR scores existing files: --condition and --tools do not apply")
+        return [Condition(REPLAY)]
+    try:
+        conditions = parse_conditions(args.condition or ["zero-shot"], args.tools)
+    except ConditionError as err:
+        raise CliError(str(err)) from None
+    if any(c.kind == REPLAY for c in conditions):
+        raise CliError("the replay condition needs --model replay:DIR")
+    return conditions
+
+
+def _problems(source: str | None, selection: Sequence[str] | None) -> list[Problem]:
+    return select_in(resolve_source(source), selection)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    if not args.model:
+        raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
+    model = _model_text(args.model)
+    spec = parse_model_spec(model)
+    conditions = _conditions(args, spec)
+    device = args.device or "cpu"
+    if args.samples is not None and args.samples < 1:
+        raise CliError(f"--samples must be at least 1, got {args.samples}")
+    trials = args.trials if args.trials is not None else 5
+    if args.context_window is not None and args.context_window < 1:
+        raise CliError(f"--context-window must be positive, got {args.context_window}")
+    if args.context_share is not None and not 0 < args.context_share <= 1:
+        raise CliError(f"--context-share must be in (0, 1], got {args.context_share}")
+    if trials < 2:
+        raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
+    return RunConfig(
+        model=model,
+        conditions=[c.name for c in conditions],
+        samples=args.samples if (args.samples is not None or spec.provider == "replay") else 1,
+        problems=[],  # filled once the source is read
+        source=args.source,
+        device=device,
+        world_size=args.world_size if args.world_size is not None else 2,
+        ranks_per_gpu=args.ranks_per_gpu if args.ranks_per_gpu is not None else 1,
+        shape=args.shape or ("default" if device == "cuda" else "small"),
+        budgets=_budget(args) or Budget().as_dict(),
+        seed=args.seed if args.seed is not None else 0,
+        trials=trials,
+        skip_timing=args.no_timing,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        prices=str(Path(args.prices).resolve()) if args.prices else None,
+        model_attempts=args.model_retries,
+        guide_in_prompt=not args.no_guide,
+        temperature=args.temperature,
+        max_reply_tokens=args.max_reply_tokens,
+        reasoning_effort=args.reasoning_effort,
+        thinking_budget=args.thinking_budget,
+        models=str(Path(args.models).resolve()) if args.models else None,
+        context_window=args.context_window,
+        context_share=args.context_share if args.context_share is not None else DEFAULT_SHARE,
+        prompt_cache=not args.no_prompt_cache,
+    )
+
+
+def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> None:
+    """Options given with --resume must agree with the stored run (the stored config is what runs)."""
+    given: dict[str, Any] = {
+        "model": _model_text(args.model) if args.model else None,
+        "conditions": ([c.name for c in _conditions(args, parse_model_spec(_model_text(args.model or stored.model)))]
+                       if (args.condition or args.tools) else None),
+        "samples": args.samples, "source": args.source, "device": args.device, "world_size": args.world_size,
+        "ranks_per_gpu": args.ranks_per_gpu,
+        "shape": args.shape, "seed": args.seed, "trials": args.trials, "base_url": args.base_url,
+        "prices": str(Path(args.prices).resolve()) if args.prices else None, "budgets": _budget(args),
+        "problems": ([p.name for p in _problems(stored.source, args.problems)] if args.problems else None),
+        "temperature": args.temperature, "max_reply_tokens": args.max_reply_tokens,
+        "skip_timing": True if args.no_timing else None, "guide_in_prompt": False if args.no_guide else None,
+        "api_key_env": args.api_key_env, "reasoning_effort": args.reasoning_effort,
+        "thinking_budget": args.thinking_budget, "models": str(Path(args.models).resolve()) if args.models else None,
+        "context_window": args.context_window, "context_share": args.context_share,
+        "prompt_cache": False if args.no_prompt_cache else None,
+    }
+    for option, key in RESUME_CHECKED:
+        value = given[key]
+        if value is not None and value != getattr(stored, key):
+            option = "--budget-*" if key == "budgets" else option
+            raise CliError(f"--resume: run {run_dir.path.name} was started with {key} {getattr(stored, key)!r}, "
+                           f"not {value!r}; leave {option} out to continue it, or start a new run")
+
+
+def default_run_id(model: str) -> str:
+    spec = parse_model_spec(model)
+    name = Path(spec.name).name if spec.provider in ("replay", "scripted") else spec.name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{spec.provider}-{name}").strip("-")[:60]
+    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{slug}"

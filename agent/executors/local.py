@@ -1,0 +1,88 @@
+"""LocalExecutor: the harness on this node's devices, inside the leases of the runner's DeviceScheduler."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from agent.executors.interface import Scheduler
+from agent.executors.request import (
+    EvalRequest,
+    candidate_file,
+    infra_result,
+    problem_for,
+    with_candidate_name,
+    with_gpus,
+)
+from harness.compile import compile_candidate
+from harness.evaluate import evaluate as harness_evaluate
+from harness.results import EvalResult
+
+
+class LocalExecutor:
+    """The harness on this node's devices. With a scheduler, every evaluation runs inside one of its leases
+    (W GPUs on CUDA, a rank slot on CPU), native code built before the lease is taken; without one,
+    evaluations run where harness.evaluate puts them."""
+
+    name = "local"
+
+    def __init__(self, scheduler: Scheduler | None = None) -> None:
+        self.scheduler = scheduler
+
+    @contextmanager
+    def _devices(self) -> Iterator[list[int] | None]:
+        if self.scheduler is None:
+            yield None
+            return
+        with self.scheduler.lease() as lease:
+            yield getattr(lease, "gpus", lease)  # a Lease, or a scheduler that yields the GPU list itself
+
+    def evaluate(self, request: EvalRequest) -> EvalResult:
+        try:
+            problem = problem_for(request.problem_spec)
+            config = request.eval_config()
+            log_dir = Path(request.log_dir) if request.log_dir else None
+            with candidate_file(request) as path:
+                # A GPU never waits on a compiler: native code is built (into the cache the harness's own
+                # compile step reads) before the lease; a build that fails needs no device at all, since
+                # the harness then stops at its compile step before any rank starts.
+                built = True
+                if request.device == "cuda" and self.scheduler is not None:
+                    built = compile_candidate(path, config.limits.compile_s, request.device,
+                                               problem=problem.loader_spec).ok
+                with self._devices() if built else nullcontext(None) as gpus:
+                    result = harness_evaluate(problem, path, world_size=request.world_size, device=request.device,
+                                              shape=request.shape, config=config, log_dir=log_dir, gpus=gpus)
+            return with_candidate_name(result, path, request.candidate_name)
+        except Exception as exc:  # the harness's own failure: reported, not raised into the agent loop
+            return infra_result(request, f"the harness failed: {type(exc).__name__}: {exc}",
+                                evidence=traceback.format_exc(), executor={"name": self.name})
+
+    def run_on_devices(self, world_size: int, device: str, fn: Callable[..., Any], /, *args: Any,
+                       **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) inside a lease (a harness function that needs W devices: a profile, a trace),
+        with `gpus=` the lease's GPUs where fn takes it."""
+        with self._devices() as gpus:
+            return fn(*args, **with_gpus(fn, kwargs, gpus))
+
+    def evaluate_many(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
+        """In request order; as many at once as the scheduler has leases (one without a scheduler)."""
+        with ThreadPoolExecutor(max_workers=self.capacity(), thread_name_prefix="pkb-eval") as pool:
+            return list(pool.map(self.evaluate, requests))
+
+    def capacity(self, world_size: int | None = None, device: str | None = None) -> int:
+        """Evaluations that run at once: the scheduler's leases (its W and device are fixed)."""
+        return max(1, int(getattr(self.scheduler, "capacity", 1) or 1))
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,144 @@
+"""The report's figures as PNG bytes (matplotlib's Agg canvas: no display needed).
+
+A figure with nothing to draw is not drawn: its builder returns None and the section says so in one line
+(`Figure.no_data`) instead of showing an empty plot.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.ticker import FuncFormatter
+
+from agent.report.build import Report
+
+
+def _png(fig: MplFigure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def fast_p_figure(report: Report) -> bytes | None:
+    arms = [a for a in report.data["arms"] if a["problems"]]
+    if not arms:
+        return None
+    fig = MplFigure(figsize=(7.5, 3.6))
+    ax = fig.add_subplot()
+    k = report.k
+    for arm in report.data["arms"]:
+        curve = np.asarray(arm["fast_p_curve"], dtype=float)
+        ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2)
+    for p in (1.0, 1.5):
+        ax.axvline(p, color="#999999", linestyle="--", linewidth=0.8)
+    ax.set_xlim(0, 3)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("speedup threshold p")
+    ax.set_ylabel(f"fast_p@{k}")
+    ax.set_title(f"fast_p@{k}: share of problems with a correct sample faster than p x the reference")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize="small")
+    return _png(fig)
+
+
+def _strip_figure(report: Report, key: str, ylabel: str, title: str, log: bool) -> bytes | None:
+    arms = report.data["arms"]
+    series = [[v for v in a[key] if v is not None and (v > 0 or not log)] for a in arms]
+    if not any(series):
+        return None
+    fig = MplFigure(figsize=(7.5, 3.4))
+    ax = fig.add_subplot()
+    rng = np.random.default_rng(0)  # fixed jitter: the same run gives the same picture
+    for i, values in enumerate(series):
+        if values:
+            ax.boxplot([values], positions=[i], widths=0.5, showfliers=False,
+                       medianprops={"color": "#333333"})
+            ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=14, alpha=0.7, zorder=3,
+                       color=f"C{i % 10}")  # the arm's colour in the fast_p plot
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.axhline(1.0, color="#999999", linestyle="--", linewidth=0.8)
+    else:
+        ax.set_ylim(0, 1.05)
+    ax.set_xticks(range(len(arms)), [a["label"] for a in arms], rotation=15, fontsize="small")
+    ax.set_xlim(-0.6, len(arms) - 0.4)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    return _png(fig)
+
+
+def speedup_figure(report: Report) -> bytes | None:
+    return _strip_figure(report, "speedups", "speedup (log scale)", "speedup of correct samples", log=True)
+
+
+def roofline_figure(report: Report) -> bytes | None:
+    return _strip_figure(report, "roofline_fractions", "fraction of the roofline bound",
+                         "roofline fraction of correct samples", log=False)
+
+
+FAILURE_COLOURS = {"correct": "#2ca02c", "no code": "#7f7f7f", "infrastructure": "#bcbd22"}
+
+
+def failure_figure(report: Report) -> bytes | None:
+    arms = report.data["arms"]
+    labels = [lab for lab in arms[0]["failures"] if any(a["failures"].get(lab, 0) for a in arms)] if arms else []
+    if not labels:
+        return None
+    fig = MplFigure(figsize=(7.5, 0.6 + 0.45 * max(len(arms), 1) + 0.4))
+    ax = fig.add_subplot()
+    left = np.zeros(len(arms))
+    palette = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#aec7e8"]
+    for i, lab in enumerate(labels):
+        counts = np.array([a["failures"].get(lab, 0) for a in arms], dtype=float)
+        ax.barh(range(len(arms)), counts, left=left, label=lab,
+                color=FAILURE_COLOURS.get(lab, palette[i % len(palette)]))
+        left += counts
+    ax.set_yticks(range(len(arms)), [a["label"] for a in arms], fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlabel("finished samples")
+    ax.set_title("verdicts (PKB's failure classes)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize="small", frameon=False)
+    return _png(fig)
+
+
+@dataclass(frozen=True)
+class Figure:
+    alt: str  # the image's alt text
+    draw: Callable[[Report], bytes | None]
+    no_data: str  # the line shown instead when there is nothing to draw
+
+
+FIGURES: dict[str, Figure] = {  # by file stem
+    "fast_p": Figure("fast_p curve", fast_p_figure, "No problem has enough finished samples for a fast_p curve."),
+    "speedup": Figure("speedup distribution", speedup_figure,
+                      "No correct sample has a counted speedup: no speedup distribution to plot."),
+    "roofline": Figure("roofline-fraction distribution", roofline_figure,
+                       "No correct sample has a roofline fraction: no distribution to plot."),
+    "failures": Figure("failure-class breakdown", failure_figure, "No finished sample: no verdicts to plot."),
+}
+
+
+def draw_all(report: Report) -> dict[str, bytes | None]:
+    """Every figure's PNG, None for those with nothing to draw."""
+    return {stem: figure.draw(report) for stem, figure in FIGURES.items()}
+
+
+def write_figures(report: Report, directory: Path) -> dict[str, Path]:
+    """Write every figure that has data as PNG into `directory`; returns stem -> path."""
+    out: dict[str, Path] = {}
+    for stem, png in draw_all(report).items():
+        if png is None:
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{stem}.png"
+        path.write_bytes(png)
+        out[stem] = path
+    return out

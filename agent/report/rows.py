@@ -1,0 +1,180 @@
+"""The report's tables as rows of text, and the number formats they use: shared by .markdown and .html."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agent.report.build import HEADLINE_METRICS, Report
+
+NOT_AVAILABLE = "n/a"
+CURVE_TABLE_PS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+
+
+def fmt_num(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.{digits}f}"
+
+
+def fmt_interval(iv: dict[str, Any]) -> str:
+    if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
+        return "—"
+    return f"{iv['mean']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def fmt_delta(d: dict[str, Any]) -> str:
+    if d["n"] == 0 or math.isnan(d["mean"]):
+        return "— (no shared problem)"
+    return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
+
+
+def fmt_speedup(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def fmt_tokens(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else (f"{n / 1e3:.1f}k" if n >= 1e3 else str(n))
+
+
+def fmt_cost(usd: float | None) -> str:
+    """Dollars; None (not priced: a model missing from the price table, or replayed code) is n/a, never $0."""
+    if usd is None:
+        return NOT_AVAILABLE
+    if usd == 0 or usd >= 1:
+        return f"${usd:,.2f}"
+    return f"${usd:.4f}"  # cents would round a small run's cost to $0.00, which reads as free
+
+
+def fmt_usage_tokens(usage: dict[str, Any]) -> str:
+    """Tokens; where a reply came without counts the sum is a lower bound (≥), and n/a when nothing was counted."""
+    if usage.get("usage_reported", True):
+        return fmt_tokens(int(usage["tokens"]))
+    return f"≥{fmt_tokens(int(usage['tokens']))}" if usage["tokens"] else NOT_AVAILABLE
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fmt_gpu_seconds(seconds: float, device: str | None) -> str:
+    # A CPU run leases rank slots, not GPUs: its gpu_s counts CPU slot time, which is no GPU time at all.
+    return f"{NOT_AVAILABLE} (cpu)" if device == "cpu" else fmt_seconds(seconds)
+
+
+def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "model", "conditions", "samples", "device", "W", "shape", "created"]
+    keys = ("run_id", "model", "conditions", "samples", "device", "world_size", "shape", "created_at")
+    rows = []
+    for r in report.data["runs"]:
+        values = [", ".join(r[key]) if key == "conditions" else r[key] for key in keys]
+        if r.get("emulated"):
+            shared = f", {r['ranks_per_gpu']} ranks/GPU" if (r.get("ranks_per_gpu") or 1) > 1 else ""
+            values[keys.index("device")] = f"{r['device']} (emulated{shared})"
+        rows.append(["—" if v is None or v == "" else str(v) for v in values])
+    return head, rows
+
+
+def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    k = report.k
+    head = ["condition", "problems", "samples"] + [t.format(k=k) for _, t in HEADLINE_METRICS] + [
+        "geomean speedup", "cost", "tokens", "wall", "GPU"]
+    rows = []
+    for a in report.data["arms"]:
+        u = a["usage"]
+        rows.append([a["label"], str(a["problems"]), f"{a['samples']['finished']}/{a['samples']['total']}"]
+                    + [fmt_interval(a[key]) for key, _ in HEADLINE_METRICS]
+                    + [fmt_speedup(a["geomean_speedup"]), fmt_cost(u["cost_usd"]), fmt_usage_tokens(u),
+                       fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
+    return head, rows
+
+
+def comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    k = report.k
+    head = ["treatment vs baseline", "problems"] + [f"Δ {t.format(k=k)}" for _, t in HEADLINE_METRICS] + [
+        f"wins/losses/ties (pass@{k})"]
+    rows = []
+    for c in report.data["comparisons"]:
+        m = c["metrics"]
+        pk = m["pass_at_k"]
+        rows.append([f"{c['treatment']} vs {c['baseline']}", str(pk["n"])]
+                    + [fmt_delta(m[key]) for key, _ in HEADLINE_METRICS]
+                    + [f"{pk['wins']}/{pk['losses']}/{pk['ties']}"])
+    return head, rows
+
+
+def curve_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    head = ["p"] + [a["label"] for a in report.data["arms"]]
+    rows = []
+    for p in CURVE_TABLE_PS:
+        row = [f"{p:g}"]
+        for a in report.data["arms"]:
+            value = next((v for q, v in a["fast_p_curve"] if abs(q - p) < 1e-9), None)
+            row.append(fmt_num(value))
+        rows.append(row)
+    return head, rows
+
+
+def distribution_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    head = ["condition", "measure", "count", "median", "p10", "p90", "min", "max"]
+    rows = []
+    for a in report.data["arms"]:
+        for key, name in (("speedup", "speedup"), ("roofline_fraction", "roofline fraction")):
+            d = a[key]
+            if d is None:
+                rows.append([a["label"], name, "0", "—", "—", "—", "—", "—"])
+            else:
+                rows.append([a["label"], name, str(d["count"])]
+                            + [fmt_num(d[x]) for x in ("median", "p10", "p90", "min", "max")])
+    return head, rows
+
+
+def failure_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    arms = report.data["arms"]
+    head = ["class (PKB's label)"] + [a["label"] for a in arms]
+    labels = list(arms[0]["failures"]) if arms else []
+    for a in arms[1:]:
+        labels += [lab for lab in a["failures"] if lab not in labels]
+    return head, [[lab] + [str(a["failures"].get(lab, 0)) for a in arms] for lab in labels]
+
+
+def category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    arms = report.data["arms"]
+    k = report.k
+    head = ["category"] + [f"{a['label']}: pass@{k}" for a in arms] + [f"{a['label']}: fast_1@{k}" for a in arms]
+    cats = sorted({c for a in arms for c in a["per_category"]})
+    rows = []
+    for cat in cats:
+        cells = [cat]
+        for key in ("pass_at_k", "fast_1_at_k"):
+            for a in arms:
+                iv = a["per_category"].get(cat, {}).get(key)
+                cells.append(f"{fmt_interval(iv)} (n={iv['n']})" if iv else "—")
+        rows.append(cells)
+    return head, rows
+
+
+def problem_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    arms = report.data["arms"]
+    k = report.k
+    head = ["problem", "category"] + [a["label"] for a in arms]
+    by_arm = [{p["problem"]: p for p in a["per_problem"]} for a in arms]
+    names = sorted({name for m in by_arm for name in m})
+    rows = []
+    for name in names:
+        cat = next(m[name]["category"] for m in by_arm if name in m)
+        cells = [name, cat]
+        for m in by_arm:
+            p = m.get(name)
+            if p is None:
+                cells.append("—")
+                continue
+            failing = ", ".join(f"{v}×{n}" for v, n in p["verdicts"].items() if v != "correct")
+            cells.append(f"{p['correct']}/{p['n']} correct; pass@{k} {fmt_num(p['pass_at_k'])}; "
+                         f"best {fmt_speedup(p['best_speedup'])}" + (f"; {failing}" if failing else ""))
+        rows.append(cells)
+    return head, rows

@@ -1,0 +1,73 @@
+"""How the agent loop runs one tool call: the tools' view of the sample (ToolContext), a device lease where
+the tool needs one (tools.specs), the executor for remote device work, and the candidate entries the graph's
+state keeps. agent.graph's `tools` node calls run_tool_call once per call of a reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent.executors.interface import as_device_call, as_evaluate
+from agent.rundir import write_json_atomic
+from agent.sample_context import SampleContext
+from tools.base import ToolContext, ToolOutcome, save_candidate
+from tools.dispatch import run_tool
+from tools.specs import DEVICE_FREE_TOOLS
+
+
+def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
+    """The tools' view of the sample; with an executor, their device work goes through it (adding to `spent`)."""
+    remote = {} if ctx.executor is None else {"evaluate": as_evaluate(ctx.executor, spent),
+                                              "on_devices": as_device_call(ctx.executor, spent)}
+    return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
+                       config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
+                       **remote)
+
+
+def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:
+    """One tool call: (ToolOutcome, GPU seconds, None) or (None, GPU seconds, error text for the model).
+
+    GPU seconds are the tool's own figure where it reports one (CUDA), else the device lease it held, in
+    seconds x ranks: on CPU that is the rank processes' time, so a GPU budget works the same way there.
+    """
+    if name not in ctx.condition.bound_tools:
+        return None, 0.0, f"error: no tool named {name!r}; available: {', '.join(ctx.condition.bound_tools)}"
+    lease = None
+    spent: list[float] = []  # device seconds of the executor's evaluations (no lease is taken here then)
+    try:
+        if name in DEVICE_FREE_TOOLS:  # tools.specs: it runs no ranks, so it takes no lease
+            outcome = run_tool(name, args, tool_context(ctx, gpus=None))
+        elif ctx.executor is not None:
+            outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
+        else:
+            assert ctx.scheduler is not None
+            with ctx.scheduler.lease() as lease:
+                outcome = run_tool(name, args, tool_context(ctx, gpus=lease.gpus))
+    except Exception as exc:  # a tool's failure is reported to the model, logged, and never ends the run
+        if ctx.log is not None:
+            ctx.log.exception("tool_failed", tool=name)
+        held = lease.device_seconds if lease is not None else sum(spent)
+        return None, held, f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
+    reported = float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
+    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else sum(spent))
+    if ctx.log is not None:
+        data = getattr(outcome, "data", {}) or {}
+        ctx.log.info("tool", tool=name, verdict=data.get("verdict"), gpu_s=round(gpu_s, 3),
+                     candidate=str(outcome.candidate) if outcome.candidate else None)
+    return outcome, gpu_s, None
+
+
+def candidate_entry(ctx: SampleContext, path: Path, tool: str | None, tool_call_id: str | None, message_id: str | None,
+                    verdict: Any, speedup: Any = None) -> dict[str, Any]:
+    return {"index": int(path.stem), "path": ctx.directory.relative(path), "tool": tool,
+            "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict,
+            "speedup": speedup if isinstance(speedup, (int, float)) else None}
+
+
+def reply_candidate(ctx: SampleContext, code: str, message_id: str) -> dict[str, Any]:
+    """candidates/NNN.py for code the model wrote in a reply (zero-shot, or an agent's last word)."""
+    path = save_candidate(tool_context(ctx, gpus=None), code if code.endswith("\n") else code + "\n")
+    write_json_atomic(path.with_suffix(".json"), {"source": "reply", "message_id": message_id,
+                                                  "candidate": ctx.directory.relative(path)})
+    return candidate_entry(ctx, path, None, None, message_id, None)

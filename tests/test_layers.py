@@ -1,0 +1,150 @@
+"""The import graph of the project's own modules, read from the source (AST), import statements in function
+bodies included: it has no cycle, its layers point down (agent -> tools -> prompts -> harness -> problems),
+and every import of our own code inside a function says in a comment why it is deferred."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("agent", "tools", "prompts", "harness", "problems")
+# What each package may import of the others (a package may always import itself).
+ALLOWED = {
+    "agent": {"tools", "prompts", "harness", "problems"},
+    "tools": {"prompts", "harness", "problems"},
+    "prompts": {"harness", "problems"},
+    "harness": {"problems"},
+    "problems": set(),
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Our modules by dotted name (expert solutions under problems/*/solutions are candidates, not modules)."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            if "solutions" in rel.parts or "__pycache__" in rel.parts:
+                continue
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = module_files()
+
+
+def _own(name: str) -> str | None:
+    """The longest of our module names that `name` starts with (an imported attribute resolves to its module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: from the module's package
+            package = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+            package = package[:len(package) - (node.level - 1)]
+            base = ".".join([*package, *([base] if base else [])])
+        # `from P import x`: the submodule P.x where there is one, else P itself (x is a name defined in P)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    return sorted({t for t in map(_own, names) if t is not None and t != module})
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(module: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, list[ast.stmt]]]:
+    """Every import statement of the module outside `if TYPE_CHECKING:` blocks: (node, in a function, the
+    statement list that holds it)."""
+    tree = ast.parse(MODULES[module].read_text())
+
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, list[ast.stmt]]]:
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for child in block:
+                if _is_type_checking(child):
+                    continue
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    yield child, in_function, block
+                walk_inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                yield from walk(child, walk_inner)
+
+    yield from walk(tree, False)
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {t for node, _, _ in imports(m) for t in _targets(node, m)} for m in MODULES}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)) is not None:
+            return found
+    return None
+
+
+def test_the_graph_is_read():
+    edges = graph()
+    assert "agent.cli" in edges and "harness.evaluate" in edges["agent.cli.eval"]  # a deferred import counts
+    assert "harness.registry" in edges["harness.rank.worker"]
+
+
+def test_the_import_graph_has_no_cycle():
+    assert find_cycle(graph()) is None, " -> ".join(find_cycle(graph()) or [])
+
+
+def test_layers_point_down():
+    crossings = sorted(f"{m} imports {t}" for m, targets in graph().items() for t in targets
+                       if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]])
+    assert not crossings, crossings
+
+
+def test_imports_inside_functions_say_why():
+    """Our own modules are imported at the top; one imported inside a function (heavy, or on a side of the trust
+    boundary that must not load it) has a comment on its lines or the line above them."""
+    silent = []
+    for module, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for node, in_function, block in imports(module):
+            if not in_function or not _targets(node, module):
+                continue
+            # the run of import statements this one belongs to, in the same block
+            i = block.index(node)
+            first = i
+            while first > 0 and isinstance(block[first - 1], (ast.Import, ast.ImportFrom)):
+                first -= 1
+            last = i
+            while last + 1 < len(block) and isinstance(block[last + 1], (ast.Import, ast.ImportFrom)):
+                last += 1
+            start, end = block[first].lineno - 1, block[last].end_lineno or block[last].lineno
+            if not any("#" in line for line in lines[max(0, start - 1):end]):
+                silent.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not silent, silent

@@ -1,0 +1,147 @@
+"""The harness's records as the short text a model reads: a roofline, a profile, Nsight Compute metrics.
+
+The harness returns data (harness.roofline.Roofline, harness.profiling.ProfileReport, harness.ncu.NcuReport);
+what the model sees of it is decided here, in priority order and within a token budget (tools.render).
+`pkb roofline --text` and `pkb profile --text` print the same text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tools.render import fit_lines
+
+if TYPE_CHECKING:
+    from harness.ncu import NcuReport
+    from harness.profiling import ProfileReport
+    from harness.roofline import Achieved, Roofline
+
+# Short names of the Nsight Compute metrics the harness collects (harness.ncu.METRIC_SETS).
+NCU_LABELS = {
+    "gpu__time_duration.sum": "GPU time",
+    "nvltx__bytes.sum": "NVLink sent",
+    "nvlrx__bytes.sum": "NVLink received",
+    "dram__bytes_read.sum": "DRAM read",
+    "dram__bytes_write.sum": "DRAM written",
+    "launch__registers_per_thread": "registers/thread",
+    "launch__grid_size": "grid",
+    "launch__block_size": "block",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput %",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory throughput %",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum": "local-memory loads",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum": "local-memory stores",
+}
+
+
+# -- units --------------------------------------------------------------------------------------------
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.2f} us"
+    return f"{seconds * 1e9:.0f} ns"
+
+
+def fmt_flops(n: float) -> str:
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+# -- roofline -----------------------------------------------------------------------------------------
+def _side_line(name: str, a: Achieved | None) -> str | None:
+    if a is None:
+        return None
+    tail = "  IMPOSSIBLE: faster than the hardware allows" if a.impossible else ""
+    return f"{name}: median {fmt_time(a.median_ms / 1e3)} ({a.clock}) = {a.fraction:.1%} of the bound{tail}"
+
+
+def roofline_text(r: Roofline, max_tokens: int = 600) -> str:
+    c = r.ceilings
+    declared = f"; declared by the problem: {', '.join(r.declared)}" if r.declared else ""
+    lines = [
+        f"roofline {r.problem} shape={r.shape} W={r.world_size} ({r.traffic_source}{declared})",
+        f"bound {fmt_time(r.bound_s)}, {r.binding}-bound (rank {r.bound_rank}): link {fmt_time(r.link_s)}, "
+        f"HBM {fmt_time(r.hbm_s)}, compute {fmt_time(r.compute_s)}",
+        f"per rank {r.bound_rank}: send {fmt_bytes(r.send_bytes)}, recv {fmt_bytes(r.recv_bytes)}, "
+        f"HBM {fmt_bytes(r.hbm_bytes)}, {fmt_flops(r.flops)}",
+    ]
+    lines += [x for x in (_side_line("reference", r.reference), _side_line("candidate", r.candidate)) if x]
+    lines.append(f"ceilings: link {c.link_bytes_per_s / 1e9:.0f} GB/s ({c.link_source}), HBM "
+                 f"{c.hbm_bytes_per_s / 1e12:.2f} TB/s ({c.hbm_source}), matrix {c.matmul_flops_per_s / 1e12:.0f} "
+                 f"TFLOP/s ({c.matmul_source})")
+    if r.collectives:
+        lines.append("collectives (bound rank): " + "; ".join(
+            f"{k.kind} x{k.count} {fmt_bytes(k.bytes)} (W={k.group_size})" for k in r.collectives[:8]))
+    if r.flags:
+        lines.append("flags: " + ", ".join(r.flags))
+    if len({(b.send_bytes, b.recv_bytes, b.hbm_bytes, b.flops) for b in r.ranks}) > 1:
+        lines.append("ranks differ: " + "; ".join(
+            f"r{b.rank} {fmt_time(b.bound_s)} {b.binding}" for b in r.ranks[:8]))
+    lines += [f"note: {n}" for n in r.notes]
+    return fit_lines(lines, max_tokens)
+
+
+# -- profile ------------------------------------------------------------------------------------------
+def _us(value: float) -> str:
+    return f"{value / 1e3:.2f}ms" if value >= 1e4 else f"{value:.1f}us"
+
+
+def profile_text(report: ProfileReport, max_tokens: int = 600) -> str:
+    clock = "device time" if report.device == "cuda" else "host time (CPU: plumbing only)"
+    lines = [f"profile {report.target} on {report.problem} shape={report.shape} W={report.world_size} "
+             f"({report.device}): {report.iterations} iterations after {report.warmup} warm-up; "
+             f"per-iteration means, {clock}",
+             "rank call comm compute overlap idle gaps(>=1us) largest-gap"]
+    for r in report.ranks:
+        lines.append(f"r{r.rank} {_us(r.call_us)} {_us(r.comm_us)} {_us(r.compute_us)} {_us(r.overlap_us)} "
+                     f"{_us(r.idle_us)} {r.gaps_per_iter:.1f} {_us(r.largest_gap_us)}")
+    lines.append(f"slowest rank {report.slowest_rank}; skew {report.skew:.1%} ((max-min)/max of median call time)")
+    slow = report.ranks[report.slowest_rank] if report.ranks else None
+    if report.ncu is not None:
+        lines.extend(ncu_lines(report.ncu))
+    if slow is not None and slow.kernels:
+        lines.append(f"kernels on rank {slow.rank} ({slow.kernel_count} distinct, {slow.lanes} streams/threads):")
+        lines.extend(f"  {k.name} [{k.kind}] {_us(k.us_per_iter)} x{k.launches_per_iter:g}" for k in slow.kernels)
+    lines.extend(f"note: {n}" for n in report.notes)
+    return fit_lines(lines, max_tokens)
+
+
+# -- Nsight Compute -----------------------------------------------------------------------------------
+def _value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if "bytes" in metric:
+        return fmt_bytes(value)
+    if "time_duration" in metric:
+        return f"{value / 1e3:.1f}us"
+    if "pct" in metric:
+        return f"{value:.0f}%"
+    return f"{value:g}"
+
+
+def ncu_lines(report: NcuReport) -> list[str]:
+    runs = ", ".join(f"{r.metric_set}: {r.status}" + (f" ({max(r.passes.values())} pass)" if r.passes else "")
+                     for r in report.runs)
+    lines = [f"ncu on rank {report.rank} ({report.replay} replay, {report.calls} calls; runs: {runs or 'none'}): "
+             f"{report.status}"]
+    if report.per_call:
+        lines.append("ncu per call: " + "; ".join(f"{NCU_LABELS.get(m, m)} {_value(m, v)}"
+                                                  for m, v in report.per_call.items()))
+    for k in report.kernels[:4]:
+        shown = "; ".join(f"{NCU_LABELS.get(m, m)} {_value(m, v)}" for m, v in k.metrics.items() if v is not None)
+        lines.append(f"ncu kernel {k.name[:60]} x{k.launches}: {shown}")
+    if report.missing:
+        reasons: dict[str, list[str]] = {}
+        for m, why in report.missing.items():
+            reasons.setdefault(why, []).append(NCU_LABELS.get(m, m))
+        lines.extend(f"ncu not collected: {', '.join(names)}: {why}" for why, names in reasons.items())
+    return lines
