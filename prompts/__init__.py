@@ -239,6 +239,7 @@ def _input_lines(spec: str, shape_name: str, world_size: int) -> str:
 
     Built under FakeTensorMode (no memory, no time); problems whose inputs depend on data (routing counts)
     fall back to a real call on the CPU. Both are the harness's own make_inputs at this shape."""
+    # Deferred: loading a problem imports torch; the prompts are read (hashed, listed) without it.
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
