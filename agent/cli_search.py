@@ -41,6 +41,7 @@ CONFIG_OPTIONS = (
     ("--model", "model"), ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
     ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
     ("--no-timing", "no_timing"), ("--phase-timeout", "phase_timeout"), ("--fresh-reference", "fresh_reference"),
+    ("--timing-iters", "timing_iters"),
     ("--strategy", "strategy"),
     ("--islands", "islands"), ("--migration-interval", "migration_interval"), ("--top-k", "top_k"),
     ("--explore", "explore"), ("--inspirations", "inspirations"), ("--window", "window"), ("--warmup", "warmup"),
@@ -74,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--trials", type=int, help="correctness trials per evaluation (default 5)")
     what.add_argument("--no-timing", action="store_true", default=None, help="correctness only (nothing to rank by)")
     what.add_argument("--phase-timeout", type=float, help="cap on the harness's load/check/timing limits, seconds")
+    what.add_argument("--timing-iters", type=int, help="timed iterations per side (default: the device's)")
     what.add_argument("--fresh-reference", action="store_true", default=None,
                       help="time the reference beside every candidate (a shared machine whose speed drifts)")
     how = p.add_argument_group("strategy")
@@ -155,6 +157,7 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
             world_size=_pick(args.world_size, 2), shape=args.shape or ("default" if device == "cuda" else "small"),
             seed=_pick(args.seed, 0), trials=_pick(args.trials, 5), skip_timing=bool(args.no_timing),
             phase_timeout_s=args.phase_timeout, fresh_reference=bool(args.fresh_reference),
+            timing_iters=args.timing_iters,
             strategy=StrategyConfig(**{k: v for k, v in {
                 "name": args.strategy, "islands": args.islands, "migration_interval": args.migration_interval,
                 "top_k": args.top_k, "explore": args.explore, "inspirations": args.inspirations}.items()

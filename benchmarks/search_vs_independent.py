@@ -142,6 +142,7 @@ def main() -> int:
     parser.add_argument("--shape", default="small")
     parser.add_argument("--phase-timeout", type=float, default=15.0)
     parser.add_argument("--window", type=int, default=3)
+    parser.add_argument("--timing-iters", type=int, default=100, help="timed iterations per side (CPU default: 10)")
     parser.add_argument("--cached-reference", action="store_true",
                         help="time the reference once per seed (default: beside every candidate, since a shared "
                              "machine's speed drifts)")
@@ -163,7 +164,7 @@ def main() -> int:
         for strategy in strategies:
             config = SearchConfig(model=args.model, problems=problems, shape=args.shape, seed=seed,
                                   phase_timeout_s=args.phase_timeout, strategy=StrategyConfig(name=strategy),
-                                  fresh_reference=not args.cached_reference,
+                                  fresh_reference=not args.cached_reference, timing_iters=args.timing_iters,
                                   per_problem=Limits(candidates=args.candidates), window=args.window)
             directory = SearchDir(Path(args.runs_dir) / f"{tag}-{strategy}-s{seed}-n{args.candidates}")
             results[strategy][str(seed)] = run_one(directory, config, evaluator)

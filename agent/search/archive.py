@@ -304,7 +304,7 @@ class Archive:
 
     def candidates(self, problem: str | None = None, *, upto: int | None = None) -> list[Candidate]:
         """Candidates in slot order; `upto`: only slots below it."""
-        sql, args = "SELECT * FROM candidates WHERE 1 = 1", []
+        sql, args = "SELECT * FROM candidates WHERE 1 = 1", list[Any]()
         if problem is not None:
             sql += " AND problem = ?"
             args.append(problem)
@@ -375,7 +375,7 @@ class Archive:
                         json.dumps(sorted(r.flags)), int(r.trusted), r.gpu_s, eval_s, result, now()))
 
     def rescores(self, problem: str | None = None) -> list[Rescore]:
-        sql, args = "SELECT * FROM rescores", []
+        sql, args = "SELECT * FROM rescores", list[Any]()
         if problem is not None:
             sql, args = sql + " WHERE problem = ?", [problem]
         return [Rescore(r["problem"], r["candidate"], r["seed"], r["verdict"], bool(r["correct"]), r["speedup"],

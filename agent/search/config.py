@@ -82,6 +82,8 @@ class SearchConfig(BaseModel):
     skip_timing: bool = False
     phase_timeout_s: float | None = Field(None, gt=0, description="caps the harness's load, check and timing "
                                                                   "limits (a hang costs this much)")
+    timing_iters: int | None = Field(None, ge=2, description="timed iterations per side (None: the device's "
+                                                              "default; more steady a median on a noisy machine)")
     fresh_reference: bool = Field(False, description="time the reference beside every candidate instead of once "
                                                      "per seed (a machine whose speed drifts: shared, throttled)")
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
@@ -121,8 +123,12 @@ class SearchConfig(BaseModel):
             cap = self.phase_timeout_s
             limits = PhaseLimits(load_s=min(limits.load_s, cap), check_s=min(limits.check_s, cap),
                                  time_s=min(limits.time_s, cap))
+        timing = TimingConfig.for_device(self.device)
+        if self.timing_iters is not None:
+            timing = timing.model_copy(update={"iters": self.timing_iters,
+                                               "warmup": max(timing.warmup, self.timing_iters // 10)})
         return EvalConfig(trials=self.trials, seed=self.seed if seed is None else seed, skip_timing=self.skip_timing,
-                          timing=TimingConfig.for_device(self.device), limits=limits,
+                          timing=timing, limits=limits,
                           use_reference_cache=not (rescore or self.fresh_reference))
 
     def header_config(self) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table
 
 
 # -- the page ---------------------------------------------------------------------------------------------
-def svg_chart(series: dict[str, list[tuple[float, float]]], *, title: str, xlabel: str, log_y: bool = False,
+def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str, xlabel: str, log_y: bool = False,
               width: int = 560, height: int = 260) -> str:
     """A step chart (best so far) of each series, as inline SVG: no figure library, cheap to redraw."""
     import math
@@ -174,7 +174,6 @@ class LiveView:
         self._last = 0.0
         self._lock = threading.Lock()
         self._live: Live | None = None
-        self._archive: Archive | None = None
 
     def __enter__(self) -> LiveView:
         if self.terminal:
@@ -184,8 +183,9 @@ class LiveView:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._archive is not None:
-            self.update(self._archive, force=True)
+        if self.directory.archive.is_file():  # the final picture, from the archive as the search left it
+            with Archive(self.directory.archive) as archive:
+                self.update(archive, force=True)
         self.stop()
 
     def stop(self) -> None:
@@ -194,7 +194,6 @@ class LiveView:
             self._live = None
 
     def update(self, archive: Archive, force: bool = False) -> None:
-        self._archive = archive
         now = time.monotonic()
         if not force and now - self._last < self.every_s:
             return

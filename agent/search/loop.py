@@ -177,6 +177,9 @@ class Search:
             # (the archive is consistent whenever the process ends; --resume redoes what they were doing).
             pool.shutdown(wait=not interrupted, cancel_futures=True)
             handle.close()
+            if not interrupted:
+                archive.close()
+                self.archive = None
 
     def _changed(self) -> None:
         if self.on_change is not None and self.archive is not None:
@@ -347,18 +350,19 @@ class Search:
 
     def _record_proposal(self, slot: int, c: Candidate, proposal: Proposal) -> None:
         assert self.archive is not None
-        usage = {"model": self.config.model, "input_tokens": proposal.input_tokens,
-                 "output_tokens": proposal.output_tokens, "cost_usd": proposal.cost_usd,
-                 "cost_known": proposal.cost_known, "model_s": proposal.model_s, "note": proposal.note}
+        outcome = None
+        path = None
         if proposal.source is None:
             assert proposal.verdict is not None
-            self.archive.propose(slot, **usage, source=None, sha256=None, path=None,
-                                 outcome=unevaluated(proposal.verdict, proposal.note, self.elapsed_s()))
-            return
-        path = self.directory.candidate(c.problem, slot)
-        write_text_atomic(path, proposal.source)
-        self.archive.propose(slot, **usage, source=proposal.source, sha256=proposal.sha256,
-                             path=self.directory.relative(path))
+            outcome = unevaluated(proposal.verdict, proposal.note, self.elapsed_s())
+        else:
+            file = self.directory.candidate(c.problem, slot)
+            write_text_atomic(file, proposal.source)
+            path = self.directory.relative(file)
+        self.archive.propose(slot, model=self.config.model, input_tokens=proposal.input_tokens,
+                             output_tokens=proposal.output_tokens, cost_usd=proposal.cost_usd,
+                             cost_known=proposal.cost_known, model_s=proposal.model_s, note=proposal.note,
+                             source=proposal.source, sha256=proposal.sha256, path=path, outcome=outcome)
 
     def _evaluate(self, slot: int, c: Candidate, log: Any) -> None:
         assert self.archive is not None and c.source is not None

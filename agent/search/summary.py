@@ -62,7 +62,7 @@ def reported_best(candidates: list[Candidate], rescores: list[Rescore], seeds: i
     by_candidate: dict[int, list[Rescore]] = {}
     for r in rescores:
         by_candidate.setdefault(r.candidate, []).append(r)
-    failed = []
+    failed: list[int] = []
     for c in sorted(trusted(candidates), key=rank_key, reverse=True):
         mine = by_candidate.get(c.id)
         if not mine:

@@ -114,10 +114,10 @@ def _found(source: str) -> list[Tunable]:
             return
         sites[start] = Tunable(f"line {node.lineno}: {what}", text, _ladder(node.value, cap), start, end, False)
 
-    for node in tree.body:  # module-level UPPER = <int>
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and _UPPER.match(node.targets[0].id):
-            add(node.value, node.targets[0].id)
+    for statement in tree.body:  # module-level UPPER = <int>
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Name) and _UPPER.match(statement.targets[0].id):
+            add(statement.value, statement.targets[0].id)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue

@@ -13,7 +13,7 @@ CHUNK = 8  # tunable: 8, 16, 32, 64, 128, 256, 512, 1024
 SUM_CHUNK = 8  # tunable: 8, 16, 32, 64, 128, 256, 512, 1024
 POLL_S = 0.001  # tunable: 0.003, 0.001, 0.0003, 0.0001, 3e-05, 1e-05, 0.0
 
-_state = {}
+_state: dict[str, dict] = {}
 
 
 def _workspace(nbytes):
@@ -24,7 +24,7 @@ def _workspace(nbytes):
     rank, world = dist.get_rank(), dist.get_world_size()
     name = [f"pkb-cpu-symm-{secrets.token_hex(8)}" if rank == 0 else None]
     dist.broadcast_object_list(name, src=0)
-    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", name[0])
+    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", str(name[0]))
     try:
         raw = torch.from_file(path, shared=True, size=nbytes + 64 * world, dtype=torch.uint8)
         dist.barrier()
