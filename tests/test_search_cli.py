@@ -41,6 +41,10 @@ def test_search_then_resume_then_report(tmp_path: Path, capsys: pytest.CaptureFi
     assert [p["problem"] for p in data["problems"]] == ["all_reduce", "all_gather"]
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0
     assert "<table>" in (tmp_path / "r.html").read_text()
+    (tmp_path / "other").mkdir()
+    capsys.readouterr()
+    assert main(["report", str(run), str(tmp_path / "other")]) == 2  # a search beside a sample run: apart
+    assert "not search runs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [

@@ -104,36 +104,42 @@ def test_a_problem_that_reaches_its_target_gives_its_budget_to_the_others(tmp_pa
     assert max(counts.values()) > counts[early.problem]  # the others got the slots it left
 
 
-def test_the_reported_best_is_confirmed_on_fresh_seeds_or_the_next_best_is(tmp_path: Path,
-                                                                           suite: list[Problem]) -> None:
+def test_the_reported_best_is_the_best_on_fresh_seeds(tmp_path: Path, suite: list[Problem]) -> None:
+    """The top kernels are re-scored on fresh seeds; one that is wrong there is never reported, and one that was
+    only lucky on the search's seed loses to one that is fast on the fresh seeds too."""
     search, directory = make(tmp_path, suite, budget=Limits(candidates=24),
-                             strategy=StrategyConfig(name="best_first"), rescore_seeds=2)
+                             strategy=StrategyConfig(name="best_first"), rescore_seeds=2, rescore_candidates=3)
     first = search.run()
     with archive(directory) as a:
-        best = {p: max((c for c in a.candidates(p) if c.trusted), key=lambda c: c.speedup or 0) for p in PROBLEMS}
+        ranked = {p: sorted((c for c in a.candidates(p) if c.trusted), key=lambda c: -(c.speedup or 0))
+                  for p in PROBLEMS}
         seeds = {r.seed for r in a.rescores()}
+        rescored = {p: {r.candidate for r in a.rescores(p)} for p in PROBLEMS}
     assert first.stop_reason == "search_budget:candidates"
     assert len(seeds) == 2 and search.config.seed not in seeds
-    liar = best["all_gather"].source  # fast on the search's seed, wrong on any other
+    assert all(len(rescored[p]) == 3 for p in PROBLEMS)  # the top 3 distinct kernels, each on both seeds
+    liar = ranked["all_gather"][0].source  # fast on the search's seed, wrong on any other
+    lucky = ranked["all_reduce"][0].source  # fast on the search's seed, a third as fast on any other
 
     def evaluate(problem: Problem, path: Path, **kw: Any) -> Any:
         result = search_fakes.evaluate(problem, path, **kw)
-        if Path(path).read_text() == liar and kw["config"].seed != search.config.seed:
-            return result.model_copy(update={"verdict": "output_mismatch", "correct": False, "speedup": None})
+        source = Path(path).read_text()
+        if kw["config"].seed != search.config.seed and source in (liar, lucky):
+            if source == liar:
+                return result.model_copy(update={"verdict": "output_mismatch", "correct": False, "speedup": None})
+            return result.model_copy(update={"speedup": result.speedup / 3})
         return result
 
     again, directory2 = make(tmp_path, suite, "s2", evaluate=evaluate, budget=Limits(candidates=24),
-                             strategy=StrategyConfig(name="best_first"), rescore_seeds=2)
+                             strategy=StrategyConfig(name="best_first"), rescore_seeds=2, rescore_candidates=3)
     again.run()
-    with archive(directory2) as a:
-        built = report.build(directory2.path)
-        rescored = a.rescores("all_gather")
-    gather = next(p for p in built["problems"] if p["problem"] == "all_gather")
-    assert gather["rescore_failed"] == [best["all_gather"].id]
-    assert gather["best"]["confirmed"] and gather["best"]["candidate"] != best["all_gather"].id
-    assert any(not r.trusted for r in rescored) and any(r.trusted for r in rescored)
-    reduce = next(p for p in built["problems"] if p["problem"] == "all_reduce")
-    assert reduce["best"]["candidate"] == best["all_reduce"].id and reduce["best"]["rescored_speedup"] > 0
+    built = report.build(directory2.path)
+    by = {p["problem"]: p for p in built["problems"]}
+    assert by["all_gather"]["rescore_failed"] == [ranked["all_gather"][0].id]
+    assert by["all_gather"]["best"]["confirmed"] and by["all_gather"]["best"]["candidate"] != ranked["all_gather"][0].id
+    assert by["all_reduce"]["best"]["candidate"] != ranked["all_reduce"][0].id
+    assert by["all_reduce"]["best"]["rescored_speedup"] > ranked["all_reduce"][0].speedup / 3
+    assert by["reduce_scatter"]["best"]["confirmed"] and by["reduce_scatter"]["best"]["rescored_speedup"] > 0
 
 
 def test_decisions_do_not_depend_on_which_evaluation_finishes_first(tmp_path: Path, suite: list[Problem]) -> None:
@@ -317,7 +323,8 @@ def test_the_live_page_and_the_report(tmp_path: Path, suite: list[Problem]) -> N
     assert json.loads(report.to_json(built))["run_id"] == directory.path.name
     t = built["throughput"]
     assert t["candidates_per_device_hour"] > 0 and 0 < t["busy_fraction"]
-    assert set(t["seconds_per_candidate"]) == {"model", "build", "check", "timing", "teardown", "queue"}
+    assert set(t["seconds_per_candidate"]) == {"model", "build", "launch", "check", "timing", "teardown",
+                                                  "queue"}
 
 
 class RemoteLike:

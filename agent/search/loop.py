@@ -23,6 +23,7 @@ waits for what is in flight, then re-scores the best trusted kernel of each prob
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import time
@@ -396,21 +397,30 @@ class Search:
                 self._errors.append(f"rescore {name}: {type(err).__name__}: {err}")
 
     def _rescore_problem(self, name: str, seeds: list[int]) -> None:
+        """The best `rescore_candidates` distinct trusted kernels, each on every fresh seed (a kernel's remaining
+        seeds are skipped once one is not trusted): the one reported is chosen on these fresh measurements,
+        not on the search's own, which favour whichever kernel was timed at a lucky moment."""
         archive = self.archive
         assert archive is not None
         ranked = sorted(strategies.trusted(archive.candidates(name)), key=strategies.rank_key, reverse=True)
         done = {(r.candidate, r.seed): r for r in archive.rescores(name)}
-        for c in ranked[:self.config.rescore_candidates]:
-            passed = True
+        seen: set[str] = set()
+        picked = []
+        for c in ranked:
+            digest = hashlib.sha256((c.source or "").encode()).hexdigest()
+            if digest not in seen:
+                seen.add(digest)
+                picked.append(c)
+            if len(picked) == self.config.rescore_candidates:
+                break
+        for c in picked:
             for seed in seeds:
                 r = done.get((c.id, seed)) or self._rescore_one(c, seed)
                 if not r.trusted:
-                    passed = False
+                    self.log.warning("rescore_failed", problem=name, candidate=c.id, seed=seed, verdict=r.verdict)
                     break
-            if passed:
+            else:
                 self.log.info("rescored", problem=name, candidate=c.id, seeds=seeds)
-                return
-            self.log.warning("rescore_failed", problem=name, candidate=c.id)
 
     def _rescore_one(self, c: Candidate, seed: int) -> Rescore:
         assert self.archive is not None and c.source is not None

@@ -9,9 +9,9 @@ Used by the live view, the end-of-search table and the report, so all three say 
 - `timeline`: per problem, the best trusted speedup and roofline fraction after each evaluation, against
   the search's running seconds and its cumulative device hours.
 - `throughput`: device busy fraction (device-held seconds over capacity x wall), candidates per device
-  hour, and seconds per candidate by stage: model (the model call), build (compile), check (launch,
-  audit, load, correctness trials), timing, teardown, and queue (the rest of an evaluation's wall time:
-  waiting for a lease, and on CUDA the build done before the lease is taken).
+  hour, and seconds per candidate by stage: model (the model call), build (compile), launch (the rank
+  processes starting), check (audit, load, correctness trials), timing, teardown, and queue (the rest of an
+  evaluation's wall time: waiting for a lease, and on CUDA the build done before the lease is taken).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from agent.search.archive import EVALUATED, Archive, Candidate, Rescore, Stop
 from agent.search.strategies import rank_key, trusted
 
-CHECK_STAGES = ("launch", "audit", "load", "check")
+CHECK_STAGES = ("audit", "load", "check")
 
 
 @dataclass
@@ -58,23 +58,28 @@ class ProblemRow:
 
 def reported_best(candidates: list[Candidate], rescores: list[Rescore], seeds: int) -> tuple[Reported | None,
                                                                                                list[int]]:
-    """The best candidate whose `seeds` rescores are all trusted, and the ids of better ones that failed one."""
+    """Of the candidates whose `seeds` rescores are all trusted, the one with the highest median rescored speedup;
+    and the ids of re-scored candidates a fresh seed did not confirm."""
     by_candidate: dict[int, list[Rescore]] = {}
     for r in rescores:
         by_candidate.setdefault(r.candidate, []).append(r)
     failed: list[int] = []
+    confirmed: list[Reported] = []
     for c in sorted(trusted(candidates), key=rank_key, reverse=True):
         mine = by_candidate.get(c.id)
         if not mine:
             continue
-        if all(r.trusted for r in mine) and len(mine) >= seeds:
-            speeds = [r.speedup for r in mine if r.speedup is not None]
-            fractions = [r.roofline_fraction for r in mine if r.roofline_fraction is not None]
-            return Reported(c, statistics.median(speeds) if speeds else None,
-                            statistics.median(fractions) if fractions else None, [r.seed for r in mine]), failed
         if not all(r.trusted for r in mine):
             failed.append(c.id)
-    return None, failed
+        elif len(mine) >= seeds:
+            speeds = [r.speedup for r in mine if r.speedup is not None]
+            fractions = [r.roofline_fraction for r in mine if r.roofline_fraction is not None]
+            confirmed.append(Reported(c, statistics.median(speeds) if speeds else None,
+                                      statistics.median(fractions) if fractions else None, [r.seed for r in mine]))
+    if not confirmed:
+        return None, failed
+    top = max(confirmed, key=lambda r: (r.speedup if r.speedup is not None else float("-inf"), -r.candidate.id))
+    return top, failed
 
 
 def problem_rows(archive: Archive, order: list[str], rescore_seeds: int) -> list[ProblemRow]:
@@ -131,13 +136,15 @@ def throughput(archive: Archive, world_size: int) -> dict[str, Any]:
     rescores = archive.rescores()
     device_s = sum(float(r["gpu_s"] or 0.0) for r in rows) + sum(r.gpu_s for r in rescores)
     held_s = device_s / world
-    stages: dict[str, list[float]] = {k: [] for k in ("model", "build", "check", "timing", "teardown", "queue")}
+    stages: dict[str, list[float]] = {k: [] for k in ("model", "build", "launch", "check", "timing", "teardown",
+                                                      "queue")}
     for r in rows:
         if r["model_s"] is not None:
             stages["model"].append(float(r["model_s"]))
     for r in evaluated:
         st = json.loads(r["stages"] or "{}")
         stages["build"].append(float(st.get("compile", 0.0)))
+        stages["launch"].append(float(st.get("launch", 0.0)))
         stages["check"].append(sum(float(st.get(k, 0.0)) for k in CHECK_STAGES))
         stages["timing"].append(float(st.get("timing", 0.0)))
         stages["teardown"].append(float(st.get("teardown", 0.0)))
