@@ -1,7 +1,7 @@
 """`pkb search`: an overnight kernel search per problem, with an archive that learns from every kernel tried.
 
     pkb search --model anthropic:claude-sonnet-5 --problems collective --device cuda --world-size 2 \\
-               --strategy islands --budget-gpu-hours 8 --budget-cost 50 --target-fraction 0.8 --run-id night
+               --budget-gpu-hours 8 --budget-cost 50 --target-fraction 0.8 --run-id night
     pkb search --run-id night --resume                     # after a kill, a reboot, an outage
     pkb search ... --executor ray --ray-address HEAD:6379   # evaluations on a Ray cluster
     pkb report runs/night                                  # the morning report
@@ -79,8 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fresh-reference", action="store_true", default=None,
                       help="time the reference beside every candidate (a shared machine whose speed drifts)")
     how = p.add_argument_group("strategy")
-    how.add_argument("--strategy", choices=STRATEGIES, help="independent (the control), best_first, islands "
-                                                           "(default)")
+    how.add_argument("--strategy", choices=STRATEGIES, help="independent (the control), best_first (default), "
+                                                           "islands")
     how.add_argument("--islands", type=int, help="islands (default 3)")
     how.add_argument("--migration-interval", type=int, help="candidates of a problem between migrations (default 6)")
     how.add_argument("--top-k", type=int, help="best_first: pool of a non-greedy pick (default 4)")

@@ -15,10 +15,10 @@ resumes exactly where it was: evaluated slots are kept, a proposed slot is evalu
 model again, a decided slot asks the model, and deciding goes on from the next slot. The same seed and a
 deterministic evaluator give the same archive however often the search is killed (tests/test_search_kill.py).
 
-When no problem is left active (or the search budget is spent, or the model cannot be reached), the loop
-waits for what is in flight, then re-scores the best trusted kernel of each problem on fresh seeds
-(`rescore_seeds` of them; if one is not trusted on a fresh seed, the next best, up to
-`rescore_candidates`). Only a kernel that passes its rescores is reported as a problem's best.
+When no problem is left active (or the search budget is spent), the loop waits for what is in flight,
+then re-scores the `rescore_candidates` best distinct trusted kernels of each problem on `rescore_seeds`
+fresh seeds, the reference timed beside each. Only a kernel trusted on every fresh seed can be reported
+as a problem's best, and of those the one with the best median rescored speedup is (agent.search.summary).
 """
 
 from __future__ import annotations

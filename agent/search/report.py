@@ -1,8 +1,8 @@
 """`pkb report` on a search run: the morning report. Self-contained (the run report, agent/report.py, is
 about samples and conditions; a search is about an archive).
 
-Per problem: the best kernel (the best trusted one that passed its rescores on fresh seeds, with the
-median rescored speedup and roofline fraction; else the search's best, marked unconfirmed), its lineage
+Per problem: the best kernel (the best on fresh seeds of the re-scored ones, with its median rescored
+speedup and roofline fraction; else the search's best, marked unconfirmed), its lineage
 tree (from the fresh draft it descends from to it: each ancestor's speedup, what the model said it
 changed, the inspirations it was shown, and how its other children fared), the verdicts of everything
 tried, and why the problem stopped. For the search: its stop reason, what it spent against its budgets,

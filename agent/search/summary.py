@@ -3,9 +3,10 @@
 Used by the live view, the end-of-search table and the report, so all three say the same thing.
 
 - The best of a problem (`ProblemRow.best`) is its best trusted candidate by the search's own evaluation.
-  What is *reported* (`ProblemRow.reported`) is the best candidate that passed every one of its rescores
-  on fresh seeds, with the median of the rescored speedups: a kernel that is fast on one seed only, or
-  that a fresh seed shows wrong or flagged, is never reported.
+  What is *reported* (`ProblemRow.reported`) is, of the candidates trusted on every one of their rescores
+  on fresh seeds, the one with the best median rescored speedup, with that median: a kernel that a fresh
+  seed shows wrong or flagged is never reported, and one that was only timed at a lucky moment loses to
+  one that is fast on the fresh seeds too.
 - `timeline`: per problem, the best trusted speedup and roofline fraction after each evaluation, against
   the search's running seconds and its cumulative device hours.
 - `throughput`: device busy fraction (device-held seconds over capacity x wall), candidates per device
