@@ -50,7 +50,8 @@ CONFIG_OPTIONS = (
     ("--problem-candidates", "problem_candidates"), ("--problem-gpu-hours", "problem_gpu_hours"),
     ("--problem-cost", "problem_cost"), ("--problem-tokens", "problem_tokens"), ("--problem-hours", "problem_hours"),
     ("--target-fraction", "target_fraction"), ("--target-speedup", "target_speedup"), ("--patience", "patience"),
-    ("--min-gain", "min_gain"), ("--rescore-seeds", "rescore_seeds"), ("--keep-logs", "keep_logs"),
+    ("--min-gain", "min_gain"), ("--rescore-seeds", "rescore_seeds"),
+    ("--rescore-candidates", "rescore_candidates"), ("--keep-logs", "keep_logs"),
     ("--base-url", "base_url"), ("--api-key-env", "api_key_env"), ("--prices", "prices"),
     ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"), ("--no-guide", "no_guide"),
 )
@@ -103,7 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     limits.add_argument("--target-speedup", type=float, help="stop a problem at this speedup")
     limits.add_argument("--patience", type=int, help="stop a problem after N candidates without improvement")
     limits.add_argument("--min-gain", type=float, help="relative gain that counts as improvement (default 0.02)")
-    limits.add_argument("--rescore-seeds", type=int, help="fresh seeds the best kernel is re-scored on (default 2)")
+    limits.add_argument("--rescore-seeds", type=int, help="fresh seeds each best kernel is re-scored on (default 2)")
+    limits.add_argument("--rescore-candidates", type=int, help="best kernels re-scored per problem (default 3)")
     model = p.add_argument_group("model")
     model.add_argument("--base-url", help="an OpenAI-compatible server")
     model.add_argument("--api-key-env", help="the environment variable holding the API key")
@@ -147,7 +149,8 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL or scripted:mutator)")
     device = args.device or "cpu"
     positive = {"--trials": args.trials, "--window": args.window, "--islands": args.islands,
-                "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds}
+                "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds,
+                "--rescore-candidates": args.rescore_candidates}
     for option, value in positive.items():
         if value is not None and value < 1:
             raise CliError(f"{option} must be at least 1, got {value}")
@@ -170,7 +173,8 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
                                                  "target_speedup": args.target_speedup, "patience": args.patience,
                                                  "min_gain": args.min_gain}.items() if v is not None}),
             window=_pick(args.window, 2 * capacity + 1), warmup=_pick(args.warmup, 2),
-            rescore_seeds=_pick(args.rescore_seeds, 2), keep_logs=bool(args.keep_logs), base_url=args.base_url,
+            rescore_seeds=_pick(args.rescore_seeds, 2), rescore_candidates=_pick(args.rescore_candidates, 3),
+            keep_logs=bool(args.keep_logs), base_url=args.base_url,
             api_key_env=args.api_key_env, prices=str(Path(args.prices).resolve()) if args.prices else None,
             temperature=args.temperature, max_reply_tokens=args.max_reply_tokens,
             guide_in_prompt=not args.no_guide,

@@ -81,8 +81,8 @@ def test_a_search_on_cpu_with_the_real_harness(tmp_path: Path) -> None:
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     code = search(tmp_path, "--model", "scripted:mutator:syntax=0,wrong=0,hang=0,runtime=0,collective=0,no_code=0",
                   "--problems", "all_reduce", "--budget-candidates", "3", "--window", "2", "--trials", "2",
-                  "--rescore-seeds", "1", "--strategy", "best_first", "--phase-timeout", "60", "--run-id", "cpu",
-                  "--no-live")
+                  "--rescore-seeds", "1", "--rescore-candidates", "1", "--strategy", "best_first",
+                  "--phase-timeout", "60", "--run-id", "cpu", "--no-live")
     assert code == 0
     with Archive(tmp_path / "runs" / "cpu" / "archive.sqlite") as a:
         rows = a.rows()
