@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from agent import cli_search
 from agent.search.archive import Archive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,11 +47,11 @@ def evaluated(archive: Path) -> int:
         return 0
 
 
-def test_killed_and_resumed_search_ends_with_the_archive_of_an_uninterrupted_one(tmp_path: Path) -> None:
+def test_killed_and_resumed_search_ends_with_the_archive_of_an_uninterrupted_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = tmp_path / "runs"
-    done = subprocess.run(command(runs, "whole", False), cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.setenv("PKB_FAKE_EVAL_DELAY", env()["PKB_FAKE_EVAL_DELAY"])
+    assert cli_search.main(command(runs, "whole", False)[3:]) == 0  # the uninterrupted one, in this process
 
     rng = random.Random(2024)
     archive = runs / "killed" / "archive.sqlite"
