@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.cli_common import CliError
 
-COMMAND_NAMES = ("problems", "eval", "run", "report", "topology", "roofline", "profile")
+COMMAND_NAMES = ("problems", "eval", "run", "search", "report", "topology", "roofline", "profile")
 OUR_PACKAGES = ("agent", "harness", "tools", "problems", "prompts")
 
 
