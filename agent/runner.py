@@ -17,8 +17,6 @@ agent.graph.score_file), provider outages that outlast the retries (the sample s
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
 import sqlite3
 import threading
 import traceback
@@ -27,9 +25,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import structlog
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from pydantic import BaseModel, Field
@@ -38,6 +35,7 @@ import prompts
 from agent.budgets import Budget, Spent
 from agent.conditions import REPLAY, Condition, parse_condition
 from agent.context import DEFAULT_SHARE, ContextPolicy
+from agent.eventlog import open_event_log
 from agent.executors.interface import Executor
 from agent.executors.local import LocalExecutor
 from agent.graph import (
@@ -71,6 +69,7 @@ from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
 from agent.usage import PriceTable
+from agent.versions import versions
 from harness import failures, topology
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
@@ -176,17 +175,6 @@ def now() -> str:
 
 
 # -- run.json ---------------------------------------------------------------------------------------
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("pkb-agent", "torch", "langgraph", "langchain-core", "langchain-openai", "langchain-anthropic",
-                 "anthropic", "openai"):
-        try:
-            out[dist.replace("-", "_")] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist.replace("-", "_")] = "not installed"
-    return out
-
-
 def topology_record(device: str) -> dict[str, Any] | None:
     """The saved topology profile (`pkb topology`), on CUDA runs; None on CPU or where none is saved."""
     if device != "cuda":
@@ -233,33 +221,6 @@ def load_run_config(run_dir: RunDir) -> RunConfig:
         return RunConfig.model_validate(header["config"])
     except ValueError as err:
         raise RunError(f"{run_dir.run_json}: its config cannot be read ({str(err).splitlines()[0]})") from None
-
-
-# -- the event log ----------------------------------------------------------------------------------
-def open_event_log(path: Path) -> tuple[Any, IO[str]]:
-    """A structlog logger appending JSON lines to `path` (thread-safe; one object per line)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as f:
-            f.seek(-1, 2)
-            torn = f.read(1) != b"\n"  # a run killed mid-write left half a line: start on a fresh one
-    else:
-        torn = False
-    handle = open(path, "a", buffering=1)
-    if torn:
-        handle.write("\n")
-    logger = structlog.wrap_logger(
-        structlog.PrintLogger(handle),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(default=str),
-        ],
-        context_class=dict,
-        cache_logger_on_first_use=False,
-    )
-    return logger, handle
 
 
 # -- records ----------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def measure(nodes: int, args: argparse.Namespace, workdir: Path) -> list[dict[st
     import ray
     from ray.cluster_utils import Cluster
 
-    from agent.executors import EvalRequest, RayExecutor
+    from agent.executors.ray_cluster import RayExecutor
+    from agent.executors.request import EvalRequest
     from harness.config import EvalConfig, TimingConfig
     from harness.registry import get, load_suite
 

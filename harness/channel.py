@@ -8,19 +8,16 @@
   marker (kill_marked: what called setsid), a compile stopped at its limit has its session swept and
   its build locks removed (harness.compile), and kill_orphaned_builds ends compilers whose harness
   process died.
-- Audit outputs travel as raw tensor bytes in the pool's private folder, checked against a digest that
-  is part of the signed reply (write_tree / read_tree).
+- Outputs and inputs travel as files, not on this channel (harness.rank.transport).
 
 tests/exploits/README.md says what this does and does not protect against.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import hmac
 import json
-import math
 import os
 import signal
 from pathlib import Path
@@ -190,66 +187,3 @@ def remove_build_locks(extensions_dir: Path, since: float) -> list[str]:
         except OSError:
             continue
     return removed
-
-
-# -- audit transport --------------------------------------------------------------------------------
-def write_tree(path: Path, value: Any) -> dict[str, Any]:
-    """Write an output structure's tensors as raw bytes; return its JSON description with a SHA-256."""
-    digest = hashlib.sha256()
-    offset = 0
-    with open(path, "wb") as f:
-
-        def put(data: bytes) -> None:
-            nonlocal offset
-            f.write(data)
-            digest.update(data)
-            offset += len(data)
-
-        def encode(v: Any) -> dict[str, Any]:
-            if isinstance(v, torch.Tensor):
-                if type(v) is not torch.Tensor:  # noqa: E721
-                    return {"unsupported": type(v).__name__}
-                put(b"\0" * ((-offset) % 64))
-                raw = v.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-                data = ctypes.string_at(raw.data_ptr(), raw.numel()) if raw.numel() else b""  # no numpy needed
-                entry = {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape), "offset": offset,
-                         "nbytes": len(data)}
-                put(data)
-                return {"tensor": entry}
-            if isinstance(v, (tuple, list)):
-                return {"seq": [encode(x) for x in v], "tuple": isinstance(v, tuple)}
-            if v is None or isinstance(v, (bool, int, float, str)):
-                return {"value": v}
-            return {"unsupported": type(v).__name__}
-
-        tree = encode(value)
-    return {"tree": tree, "sha256": digest.hexdigest(), "bytes": offset}
-
-
-def read_tree(path: Path, description: dict[str, Any]) -> Any:
-    """The structure write_tree wrote, after checking the file's SHA-256 against the description."""
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != description.get("sha256"):
-        raise ValueError(f"{path.name}: contents do not match the signed digest")
-
-    def decode(node: dict[str, Any]) -> Any:
-        if "tensor" in node:
-            t = node["tensor"]
-            dtype = getattr(torch, str(t["dtype"]), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"unknown dtype {t['dtype']!r}")
-            shape, start, size = [int(d) for d in t["shape"]], int(t["offset"]), int(t["nbytes"])
-            if start < 0 or start + size > len(data):
-                raise ValueError("tensor bytes out of range")
-            if math.prod(shape) == 0:
-                return torch.empty(shape, dtype=dtype)
-            raw = torch.frombuffer(bytearray(data[start:start + size]), dtype=torch.uint8)
-            return raw.view(dtype).reshape(shape)
-        if "seq" in node:
-            items = [decode(x) for x in node["seq"]]
-            return tuple(items) if node.get("tuple") else items
-        if "value" in node:
-            return node["value"]
-        raise ValueError(f"output of unsupported type {node.get('unsupported')!r}")
-
-    return decode(description["tree"])

@@ -95,6 +95,7 @@ import torch.distributed as dist
 
 MARKER = {marker!r}
 ''' + HARNESS_PID + '''
+_HARNESS = harness_pid()  # read at import, while the process that runs the evaluation is surely alive
 _noted = False
 
 def solution(x):
@@ -103,10 +104,10 @@ def solution(x):
         _noted = True
         with open(os.path.join(MARKER, f"rank{{dist.get_rank()}}.{{os.getpid()}}"), "w") as f:
             f.write(str(os.getpid()))
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0:  # one killer: a second one could find a reparented launcher's new parent
             with open(os.path.join(MARKER, "attempts"), "a") as f:
-                f.write(f"{{harness_pid()}}\\n")
-        os.kill(harness_pid(), signal.SIGKILL)
+                f.write(f"{{_HARNESS}}\\n")
+            os.kill(_HARNESS, signal.SIGKILL)
     return x.clone()
 '''
 

@@ -111,6 +111,23 @@ def test_a_dead_rank_is_named_as_the_root_failure(all_reduce):
     assert live_children() == []
 
 
+def test_ranks_end_with_their_launcher():
+    # Whoever kills the launcher alone (Ray kills a dead worker's direct children, and the launcher is one)
+    # must not leave its ranks orphaned, holding their GPUs.
+    pool = RankPool(2, "cpu").start()
+    try:
+        ranks = pool.pids()
+        assert pool.proc is not None and all(pid_alive(p) for p in ranks)
+        os.kill(pool.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(pid_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(pid_alive(p) for p in ranks)
+    finally:
+        pool.kill()
+    assert live_children() == []
+
+
 # How a grandchild leaves its rank: a process group of its own (ninja does that for every compiler; a
 # group kill misses it, the session sweep does not), a session of its own (setsid; the session sweep
 # misses it, the pool's marker in its inherited environment does not), or a session of its own with an

@@ -62,6 +62,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(f"--k must be at least 1, got {args.k}")
     if args.out and Path(args.out).is_dir():
         raise CliError(f"--out {args.out} is a directory; give a file name")
+    from agent.search import report as search_report  # the search's own run layout
+
+    if any(search_report.is_search(Path(p)) for p in args.runs):  # `pkb search` runs: their own report
+        return cmd_search_report(args)
     # Deferred: numpy, and matplotlib for the figures, are the report's alone.
     from agent.report.build import ReportError, build, to_json
     from agent.report.figures import write_figures
@@ -98,3 +102,29 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(f"cannot write {out}: {err.strerror or err}") from None
     console.print(plain(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))"))
     return 0
+
+
+def cmd_search_report(args: argparse.Namespace) -> int:
+    """The morning report of one or more search runs (agent.search.report), one after the other."""
+    from agent.search import report as search_report  # the search's own run layout: when it runs
+
+    not_search = [p for p in args.runs if not search_report.is_search(Path(p))]
+    if not_search:
+        raise CliError(f"{', '.join(not_search)}: not search runs; report search runs and sample runs separately")
+    fmt = output_format(args.format, args.out)
+    out = Path(args.out) if args.out else None
+    try:
+        texts = [search_report.render(Path(p), fmt, out) for p in args.runs]
+    except (search_report.SearchReportError, ValueError, OSError) as err:
+        raise CliError(str(err)) from None
+    text = texts[0] if len(texts) == 1 else ("[" + ",".join(texts) + "]" if fmt == "json" else "\n\n".join(texts))
+    if out is None:
+        print(text)
+        return 0
+    try:
+        write_text_atomic(out, text)
+    except OSError as err:
+        raise CliError(f"cannot write {out}: {err.strerror or err}") from None
+    console.print(plain(f"wrote {out} ({fmt}, {len(texts)} search run(s))"))
+    return 0
+

@@ -7,7 +7,12 @@ checks decide. The findings say what a reader of the source should look at.
 from __future__ import annotations
 
 import ast
+import threading
 from typing import Any
+
+# CPython 3.11's parser is not safe to run from two threads at once ("AST constructor recursion depth
+# mismatch"), and evaluations run concurrently in threads of one harness process (pkb run, pkb search).
+_PARSE = threading.Lock()
 
 _INTROSPECTION = {"_getframe", "_current_frames", "f_back", "f_locals", "f_globals", "currentframe",
                   "get_objects", "get_referrers", "get_referents", "settrace", "setprofile", "getouterframes"}
@@ -33,7 +38,8 @@ def static_scan(source: str) -> list[dict[str, Any]]:
     a determined candidate hides any of these from an AST (exec, getattr with built strings), and the
     runtime checks are what decide. An unparsable file yields nothing (compile reports it)."""
     try:
-        tree = ast.parse(source)
+        with _PARSE:
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
     aliases: dict[str, str] = {}  # local name -> module path

@@ -12,11 +12,15 @@ rank died (a negative code is the signal). The launcher ends when every worker h
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def set_limits(limits: dict[str, int]) -> None:
@@ -32,18 +36,34 @@ def set_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
+def _die_with_launcher(launcher: int) -> None:
+    """In each worker, between fork and exec: SIGKILL when the launcher dies. Whoever kills the launcher
+    without the sandbox (Ray kills a dead worker's direct children; the launcher is one) would otherwise leave
+    the ranks orphaned, holding their GPUs; sandboxed, bwrap's --die-with-parent ends the namespace anyway.
+    The launcher is single-threaded, so 'the parent thread' is the launcher. A launcher that died before
+    the flag was set is not noticed by the kernel: the worker checks and ends itself."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return  # not Linux: the reaper and the harness's kill of the launcher's group remain
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     set_limits(spec.get("limits", {}))
     status = os.fdopen(spec["status_fd"], "w", buffering=1)
     procs: dict[int, int] = {}
+    me = os.getpid()
     for entry in spec["ranks"]:
         fds = (entry["request_fd"], entry["reply_fd"], entry["events_fd"])
         proc = subprocess.Popen(
             [*entry.get("prefix", []), sys.executable, "-m", "harness.rank.worker", "--rank", str(entry["rank"]),
              "--request-fd", str(entry["request_fd"]), "--reply-fd", str(entry["reply_fd"]),
              "--events-fd", str(entry["events_fd"]), *entry.get("args", []), *spec["worker_args"]],
-            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"])
+            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"],
+            preexec_fn=lambda: _die_with_launcher(me))
         procs[proc.pid] = entry["rank"]
         for fd in (*fds, entry["log_fd"]):
             os.close(fd)

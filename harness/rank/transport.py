@@ -215,7 +215,7 @@ def parse_tree(data: bytes) -> Any:
             if indices.numel() and (bool((indices < 0).any()) or indices.shape[0] > len(dims) or any(
                     int(indices[i].max()) >= dims[i] for i in range(indices.shape[0]))):
                 raise TransportError("sparse indices out of range")
-            return torch.sparse_coo_tensor(indices, values, dims).coalesce()
+            return torch.sparse_coo_tensor(indices, values, dims, check_invariants=True).coalesce()
         if "seq" in node:
             if not isinstance(node["seq"], list):
                 raise TransportError("bad sequence")

@@ -1,0 +1,352 @@
+"""`pkb search`: an overnight kernel search per problem, with an archive that learns from every kernel tried.
+
+    pkb search --model anthropic:claude-sonnet-5 --problems collective --device cuda --world-size 2 \\
+               --budget-gpu-hours 8 --budget-cost 50 --target-fraction 0.8 --run-id night
+    pkb search --run-id night --resume                     # after a kill, a reboot, an outage
+    pkb search ... --executor ray --ray-address HEAD:6379   # evaluations on a Ray cluster
+    pkb report runs/night                                  # the morning report
+
+Everything lands in runs/<id>/ (agent.search.layout; docs/search.md). With --resume the stored config is
+used: options that would change it are refused. The live view is a table on the terminal (when stdout is
+one) and runs/<id>/live.html, which refreshes itself. Exit codes: 0 when the search ended by its budgets
+or stop rules; 1 when it stopped early (model unreachable, provider down, an internal error: --resume
+continues); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.cli.common import CliError, console, err_console, plain
+from agent.cli.options import add_executor_arguments, executor_from_args
+from agent.model_spec import ProviderError, parse_model_spec
+from agent.search.config import STRATEGIES, Limits, SearchConfig, StopConfig, StrategyConfig
+
+if TYPE_CHECKING:
+    from agent.scheduler import DeviceScheduler
+    from agent.search.layout import SearchDir
+    from agent.usage import PriceTable
+    from harness.problem import Problem
+
+# (option, dest): every option that sets the search's config; refused with --resume.
+CONFIG_OPTIONS = (
+    ("--model", "model"), ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
+    ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
+    ("--no-timing", "no_timing"), ("--phase-timeout", "phase_timeout"), ("--fresh-reference", "fresh_reference"),
+    ("--timing-iters", "timing_iters"),
+    ("--strategy", "strategy"),
+    ("--islands", "islands"), ("--migration-interval", "migration_interval"), ("--top-k", "top_k"),
+    ("--explore", "explore"), ("--inspirations", "inspirations"), ("--window", "window"), ("--warmup", "warmup"),
+    ("--budget-candidates", "budget_candidates"), ("--budget-gpu-hours", "budget_gpu_hours"),
+    ("--budget-cost", "budget_cost"), ("--budget-tokens", "budget_tokens"), ("--budget-hours", "budget_hours"),
+    ("--problem-candidates", "problem_candidates"), ("--problem-gpu-hours", "problem_gpu_hours"),
+    ("--problem-cost", "problem_cost"), ("--problem-tokens", "problem_tokens"), ("--problem-hours", "problem_hours"),
+    ("--target-fraction", "target_fraction"), ("--target-speedup", "target_speedup"), ("--patience", "patience"),
+    ("--min-gain", "min_gain"), ("--rescore-seeds", "rescore_seeds"),
+    ("--rescore-candidates", "rescore_candidates"), ("--keep-logs", "keep_logs"),
+    ("--base-url", "base_url"), ("--api-key-env", "api_key_env"), ("--prices", "prices"),
+    ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"), ("--no-guide", "no_guide"),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("search", help="search for the best kernel of each problem (overnight; resumable)",
+                       description="Search per problem with an archive of every candidate; runs/<id>/.")
+    add_arguments(p)
+    p.set_defaults(handler=cmd_search)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    what = p.add_argument_group("what to search")
+    what.add_argument("--model", help="openai:MODEL, anthropic:MODEL, or scripted:mutator[:RATES] (offline)")
+    what.add_argument("--problems", nargs="+", help="names, globs or categories (default: all)")
+    what.add_argument("--source", help="pkb:PATH to search a ParallelKernelBench checkout's problems")
+    what.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
+    what.add_argument("--world-size", type=int, help="ranks (default 2)")
+    what.add_argument("--shape", help="shape name (default: 'small' on cpu, 'default' on cuda)")
+    what.add_argument("--seed", type=int, help="seed of every draw and of the tools' inputs (default 0)")
+    what.add_argument("--trials", type=int, help="correctness trials per evaluation (default 5)")
+    what.add_argument("--no-timing", action="store_true", default=None, help="correctness only (nothing to rank by)")
+    what.add_argument("--phase-timeout", type=float, help="cap on the harness's load/check/timing limits, seconds")
+    what.add_argument("--timing-iters", type=int, help="timed iterations per side (default: the device's)")
+    what.add_argument("--fresh-reference", action="store_true", default=None,
+                      help="time the reference beside every candidate (a shared machine whose speed drifts)")
+    how = p.add_argument_group("strategy")
+    how.add_argument("--strategy", choices=STRATEGIES, help="independent (the control), best_first (default), "
+                                                           "islands")
+    how.add_argument("--islands", type=int, help="islands (default 3)")
+    how.add_argument("--migration-interval", type=int, help="candidates of a problem between migrations (default 6)")
+    how.add_argument("--top-k", type=int, help="best_first: pool of a non-greedy pick (default 4)")
+    how.add_argument("--explore", type=float, help="best_first: chance of a non-greedy pick (default 0.25)")
+    how.add_argument("--inspirations", type=int, help="islands: kernels shown beside the parent (default 1)")
+    how.add_argument("--window", type=int, help="candidates in flight (default 2 x evaluation capacity + 1)")
+    how.add_argument("--warmup", type=int, help="candidates per problem before the budget follows the gap (default 2)")
+    limits = p.add_argument_group("budgets and stop rules (whole search; --problem-*: each problem)")
+    limits.add_argument("--budget-candidates", type=int)
+    limits.add_argument("--budget-gpu-hours", type=float)
+    limits.add_argument("--budget-cost", type=float, help="dollars (needs the model's price)")
+    limits.add_argument("--budget-tokens", type=int)
+    limits.add_argument("--budget-hours", type=float, help="wall-clock hours (time killed not counted)")
+    limits.add_argument("--problem-candidates", type=int)
+    limits.add_argument("--problem-gpu-hours", type=float)
+    limits.add_argument("--problem-cost", type=float)
+    limits.add_argument("--problem-tokens", type=int)
+    limits.add_argument("--problem-hours", type=float)
+    limits.add_argument("--target-fraction", type=float, help="stop a problem at this roofline fraction")
+    limits.add_argument("--target-speedup", type=float, help="stop a problem at this speedup")
+    limits.add_argument("--patience", type=int, help="stop a problem after N candidates without improvement")
+    limits.add_argument("--min-gain", type=float, help="relative gain that counts as improvement (default 0.02)")
+    limits.add_argument("--rescore-seeds", type=int, help="fresh seeds each best kernel is re-scored on (default 2)")
+    limits.add_argument("--rescore-candidates", type=int, help="best kernels re-scored per problem (default 3)")
+    model = p.add_argument_group("model")
+    model.add_argument("--base-url", help="an OpenAI-compatible server")
+    model.add_argument("--api-key-env", help="the environment variable holding the API key")
+    model.add_argument("--prices", help="price table JSON (default: agent/prices.json)")
+    model.add_argument("--temperature", type=float)
+    model.add_argument("--max-reply-tokens", type=int)
+    model.add_argument("--no-guide", action="store_true", default=None, help="leave the guide out of the prompt")
+    run = p.add_argument_group("running")
+    run.add_argument("--run-id", help="the search's folder under --runs-dir (default: time + model)")
+    run.add_argument("--resume", action="store_true", help="continue the search --run-id where it stopped")
+    run.add_argument("--runs-dir", default="runs")
+    run.add_argument("--keep-logs", action="store_true", default=None, help="keep every evaluation's rank logs")
+    run.add_argument("--no-live", action="store_true", help="no live table on the terminal (live.html is written)")
+    # For tests and benchmarks of the loop: a module with evaluate() (harness.evaluate.evaluate's signature)
+    # and optionally bound(problem) -> roofline record, used instead of the harness.
+    run.add_argument("--evaluator", help=argparse.SUPPRESS)
+    add_executor_arguments(p)
+
+
+# -- config -----------------------------------------------------------------------------------------------
+def _given(args: argparse.Namespace) -> list[str]:
+    return [option for option, dest in CONFIG_OPTIONS if getattr(args, dest, None) not in (None, False)]
+
+
+def _model_text(text: str) -> str:
+    try:
+        spec = parse_model_spec(text)
+    except ProviderError as err:
+        raise CliError(str(err)) from None
+    if spec.provider == "replay":
+        raise CliError("pkb search needs a model that writes code: replay:DIR only scores existing files (pkb run)")
+    return spec.text
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def config_from_args(args: argparse.Namespace, problems: list[str], capacity: int) -> SearchConfig:
+    if not args.model:
+        raise CliError("--model is required (openai:MODEL, anthropic:MODEL or scripted:mutator)")
+    device = args.device or "cpu"
+    positive = {"--trials": args.trials, "--window": args.window, "--islands": args.islands,
+                "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds,
+                "--rescore-candidates": args.rescore_candidates}
+    for option, value in positive.items():
+        if value is not None and value < 1:
+            raise CliError(f"{option} must be at least 1, got {value}")
+    try:
+        return SearchConfig(
+            model=_model_text(args.model), problems=problems, source=args.source, device=device,
+            world_size=_pick(args.world_size, 2), shape=args.shape or ("default" if device == "cuda" else "small"),
+            seed=_pick(args.seed, 0), trials=_pick(args.trials, 5), skip_timing=bool(args.no_timing),
+            phase_timeout_s=args.phase_timeout, fresh_reference=bool(args.fresh_reference),
+            timing_iters=args.timing_iters,
+            strategy=StrategyConfig(**{k: v for k, v in {
+                "name": args.strategy, "islands": args.islands, "migration_interval": args.migration_interval,
+                "top_k": args.top_k, "explore": args.explore, "inspirations": args.inspirations}.items()
+                if v is not None}),
+            budget=Limits(candidates=args.budget_candidates, gpu_hours=args.budget_gpu_hours,
+                          cost_usd=args.budget_cost, tokens=args.budget_tokens, wall_hours=args.budget_hours),
+            per_problem=Limits(candidates=args.problem_candidates, gpu_hours=args.problem_gpu_hours,
+                               cost_usd=args.problem_cost, tokens=args.problem_tokens, wall_hours=args.problem_hours),
+            stop=StopConfig(**{k: v for k, v in {"target_fraction": args.target_fraction,
+                                                 "target_speedup": args.target_speedup, "patience": args.patience,
+                                                 "min_gain": args.min_gain}.items() if v is not None}),
+            window=_pick(args.window, 2 * capacity + 1), warmup=_pick(args.warmup, 2),
+            rescore_seeds=_pick(args.rescore_seeds, 2), rescore_candidates=_pick(args.rescore_candidates, 3),
+            keep_logs=bool(args.keep_logs), base_url=args.base_url,
+            api_key_env=args.api_key_env, prices=str(Path(args.prices).resolve()) if args.prices else None,
+            temperature=args.temperature, max_reply_tokens=args.max_reply_tokens,
+            guide_in_prompt=not args.no_guide,
+        )
+    except ValueError as err:  # pydantic's ValidationError: the first problem, on one line
+        first = str(err).splitlines()
+        raise CliError(f"bad search options: {' '.join(first[1:3]) if len(first) > 2 else first[0]}") from None
+
+
+def _problems(source: str | None, selection: Sequence[str] | None, world_size: int,
+              shape: str) -> tuple[list[Problem], list[str]]:
+    """The problems to search, and the names of selected ones left out (no such world size)."""
+    from agent.cli import source as cli_source  # the suite or a checkout: loads torch
+
+    chosen = cli_source.select_in(cli_source.resolve_source(source), selection)
+    usable = [p for p in chosen if p.supports(world_size)]
+    if not usable:
+        raise CliError(f"no selected problem supports world size {world_size}")
+    for p in usable:
+        cli_source.check_shape(p, shape)
+    return usable, [p.name for p in chosen if p not in usable]
+
+
+def _prices(config: SearchConfig) -> PriceTable:
+    from agent.usage import PriceTableError, load_price_table  # the model stack: when the command runs
+
+    try:
+        prices = load_price_table(config.prices)
+    except PriceTableError as err:
+        raise CliError(str(err)) from None
+    spec = parse_model_spec(config.model)
+    if (config.budget.cost_usd is not None or config.per_problem.cost_usd is not None) \
+            and prices.price(spec.text) is None:
+        raise CliError(f"--budget-cost/--problem-cost: the price table {prices.source} has no price for "
+                       f"{spec.text}; pass --prices FILE with one")
+    return prices
+
+
+def _scheduler(device: str, world_size: int, executor: str) -> DeviceScheduler | None:
+    from agent.scheduler import DeviceScheduler, SchedulerError  # torch's device count: when it runs
+
+    if executor != "local":
+        return None
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError("--device cuda: no CUDA device is visible on this machine")
+    try:
+        return DeviceScheduler(device, world_size)
+    except SchedulerError as err:
+        raise CliError(str(err)) from None
+
+
+def _evaluator(name: str | None) -> tuple[Any, Any]:
+    if not name:
+        return None, None
+    try:
+        module = importlib.import_module(name)
+    except ImportError as err:
+        raise CliError(f"--evaluator {name}: {err}") from None
+    if not callable(getattr(module, "evaluate", None)):
+        raise CliError(f"--evaluator {name}: the module has no evaluate()")
+    return module.evaluate, getattr(module, "bound", None)
+
+
+# -- the command ------------------------------------------------------------------------------------------
+def cmd_search(args: argparse.Namespace) -> int:
+    # The search loop, the harness and the model stack: loaded when the command runs, not for --help.
+    from agent.executors.ray_cluster import RayExecutor
+    from agent.search import live
+    from agent.search.layout import SearchDir, SearchError, create, load_config
+    from agent.search.loop import INTERNAL_ERROR, Search
+    from agent.search.stopping import MODEL_FATAL, PROVIDER_UNAVAILABLE
+
+    if args.resume and not args.run_id:
+        raise CliError("--resume needs --run-id (the folder name under --runs-dir)")
+    directory: SearchDir | None = None
+    stored: SearchConfig | None = None
+    if args.resume:
+        directory = SearchDir(Path(args.runs_dir) / args.run_id)
+        try:
+            stored = load_config(directory)
+        except SearchError as err:
+            raise CliError(str(err)) from None
+        given = _given(args)
+        if given:
+            raise CliError(f"--resume continues search {args.run_id} as it was started; leave out {', '.join(given)}")
+        device, world_size, shape = stored.device, stored.world_size, stored.shape
+        problems, skipped = _problems(stored.source, stored.problems, world_size, shape)
+    else:
+        if not args.model:
+            raise CliError("--model is required (openai:MODEL, anthropic:MODEL or scripted:mutator)")
+        _model_text(args.model)
+        device, world_size = args.device or "cpu", _pick(args.world_size, 2)
+        if world_size < 1:
+            raise CliError(f"--world-size must be at least 1, got {world_size}")
+        shape = args.shape or ("default" if device == "cuda" else "small")
+        problems, skipped = _problems(args.source, args.problems, world_size, shape)
+    evaluate, bound = _evaluator(args.evaluator)
+    scheduler = _scheduler(device, world_size, args.executor)
+    executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
+    try:
+        capacity = max(1, executor.capacity(world_size, device))
+        config = stored or config_from_args(args, [p.name for p in problems], capacity)
+        if directory is None:
+            directory = SearchDir(Path(args.runs_dir) / (args.run_id or _default_run_id(config.model)))
+            if directory.header.exists():
+                raise CliError(f"search {directory.path} already exists; add --resume to continue it, or pick "
+                               "another --run-id")
+        prices = _prices(config)
+        view = live.LiveView(directory, config, console=console, terminal=console.is_terminal and not args.no_live)
+        try:  # builds the model client: a bad key or model stops here, before anything is written
+            search = Search(directory, config, problems, executor=executor, evaluate=evaluate, bound=bound,
+                            prices=prices, on_change=view.update, topology=_topology(config.device))
+        except ProviderError as err:
+            raise CliError(str(err)) from None
+        if skipped:  # said once every check has passed, so that bad input stays one line
+            print(f"pkb: skipping problem(s) without world size {world_size}: {', '.join(skipped)}", file=sys.stderr)
+        if stored is None:
+            try:
+                create(directory, config)
+            except SearchError as err:
+                raise CliError(str(err)) from None
+        if isinstance(executor, RayExecutor):
+            print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for {capacity} at "
+                  "once)", file=sys.stderr)
+        with view:
+            try:
+                summary = search.run()
+            except KeyboardInterrupt:
+                view.stop()
+                err_console.print(f"pkb: interrupted; everything evaluated is kept: pkb search --run-id "
+                                  f"{directory.path.name} --resume --runs-dir {directory.path.parent}")
+                sys.stderr.flush()
+                os._exit(130)  # slots may sit in a model call for minutes; the archive is consistent
+    finally:
+        executor.close()
+    live.print_summary(directory, config, console)
+    console.print(f"stopped: {summary.stop_reason}   live: {directory.live_html}   report: pkb report {directory.path}")
+    for line in summary.errors:
+        console.print(plain(line), style="red")
+    if summary.stop_reason in (MODEL_FATAL, PROVIDER_UNAVAILABLE, INTERNAL_ERROR) or summary.errors:
+        console.print(f"continue with: pkb search --run-id {directory.path.name} --resume --runs-dir "
+                      f"{directory.path.parent}")
+        return 1
+    return 0
+
+
+def _default_run_id(model: str) -> str:
+    from agent.cli.run_config import default_run_id  # `pkb run`'s config module: when it runs
+
+    return "search-" + default_run_id(model)
+
+
+def _topology(device: str) -> dict[str, Any] | None:
+    if device != "cuda":
+        return None
+    from agent.runner import topology_record  # the model stack: when the command runs
+
+    return topology_record(device)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m agent.cli.search ...` is `pkb search ...` (without loading the other commands)."""
+    parser = argparse.ArgumentParser(prog="pkb search", description="Search for the best kernel of each problem.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_search(args)
+    except CliError as err:
+        print(f"pkb: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

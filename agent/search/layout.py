@@ -1,0 +1,91 @@
+"""The folder of one search (docs/search.md), and its header file.
+
+    runs/<run_id>/
+      search.json                   what was asked: config, versions, prompt hashes, environment
+      archive.sqlite                every candidate, decision, stop and rescore (agent.search.archive)
+      events.jsonl                  structlog JSON event log
+      live.html                     the live view: refreshes itself, readable while the search runs
+      candidates/<problem>/<slot>.py   every candidate file the model wrote (also kept in the archive)
+      logs/<slot>/                  rank logs of each evaluation, with --keep-logs
+
+search.json is written once, atomically, when the search is created; the archive is the only thing a
+running search changes (besides the event log, the live page and the candidate files, which it can
+always write again from the archive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import prompts
+from agent.rundir import read_json, write_json_atomic
+from agent.search.config import SEARCH_SCHEMA, SearchConfig
+from agent.versions import versions
+from harness.environment import environment
+
+
+class SearchError(ValueError):
+    """A search that cannot start or go on as asked; one line."""
+
+
+@dataclass(frozen=True)
+class SearchDir:
+    path: Path
+
+    @property
+    def header(self) -> Path:
+        return self.path / "search.json"
+
+    @property
+    def archive(self) -> Path:
+        return self.path / "archive.sqlite"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def live_html(self) -> Path:
+        return self.path / "live.html"
+
+    def candidate(self, problem: str, slot: int) -> Path:
+        return self.path / "candidates" / problem / f"{slot:05d}.py"
+
+    def logs(self, slot: int) -> Path:
+        return self.path / "logs" / f"{slot:05d}"
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.path).as_posix()
+
+
+def is_search_dir(path: Path) -> bool:
+    return (path / "search.json").is_file()
+
+
+def header(run_id: str, config: SearchConfig) -> dict[str, Any]:
+    return {"schema": SEARCH_SCHEMA, "run_id": run_id, "config": config.header_config(), "versions": versions(),
+            "prompt_hashes": prompts.hashes(), "environment": environment()}
+
+
+def create(directory: SearchDir, config: SearchConfig) -> dict[str, Any]:
+    if directory.header.exists():
+        raise SearchError(f"search {directory.path} already exists; add --resume to continue it, or pick another "
+                          "--run-id")
+    directory.path.mkdir(parents=True, exist_ok=True)
+    data = header(directory.path.name, config)
+    write_json_atomic(directory.header, data)
+    return data
+
+
+def load_config(directory: SearchDir) -> SearchConfig:
+    data = read_json(directory.header)
+    if data is None:
+        raise SearchError(f"no search to resume at {directory.path} (search.json is missing)")
+    if not isinstance(data, dict) or data.get("schema") != SEARCH_SCHEMA or not isinstance(data.get("config"), dict):
+        raise SearchError(f"{directory.header} is not a {SEARCH_SCHEMA} header")
+    try:
+        return SearchConfig.model_validate(data["config"])
+    except ValueError as err:
+        raise SearchError(f"{directory.header}: its config cannot be read ({str(err).splitlines()[0]})") from None

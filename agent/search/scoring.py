@@ -1,0 +1,120 @@
+"""The harness side of a search: a problem's roofline bound, one candidate's evaluation, and what the archive
+keeps of it.
+
+Evaluations go through a function with harness.evaluate.evaluate's signature; by default
+agent.executors.as_evaluate over the search's executor, so on one node every evaluation runs in a lease
+of the DeviceScheduler (native code built before the lease is taken: the GPU never waits on a compiler),
+and with the Ray executor as a task on a node of the cluster. The model is called elsewhere, never inside
+a lease. An `infra_error` (the harness's own failure) is tried again, up to INFRA_ATTEMPTS in all.
+
+The roofline bound of a problem (harness.roofline: interconnect, HBM and FLOP bounds of the reference's
+traffic over this machine's ceilings) is computed once per search, on the devices (`bound_on_node`, via
+the executor), and kept in the archive; a candidate's fraction is bound / its median time. On CPU the
+fractions are GPU ceilings over CPU times: tiny, and only proof of the plumbing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import failures
+from harness.config import EvalConfig
+from harness.flags import SPEEDUP_DISQUALIFIERS
+from harness.problem import Problem
+from harness.results import EvalResult
+from harness.roofline import cached_trace, resolve_ceilings, roofline
+
+INFRA_ATTEMPTS = 3
+MAX_EVIDENCE_CHARS = 4000
+
+EvaluateFn = Callable[..., EvalResult]  # harness.evaluate.evaluate's signature
+
+
+@dataclass
+class Scored:
+    result: EvalResult
+    seconds: float
+    attempts: int
+
+
+def trusted(result: EvalResult) -> bool:
+    """Correct, and no integrity flag voids its speedup: only such results steer the search."""
+    return bool(result.correct and result.fast_eligible and not (set(result.flags) & SPEEDUP_DISQUALIFIERS))
+
+
+def device_seconds(result: EvalResult) -> float:
+    """Seconds the evaluation held its devices, times the ranks (agent.executors.device_seconds's figure)."""
+    return result.world_size * sum(result.stages.values())
+
+
+def score(evaluate: EvaluateFn, problem: Problem, path: Path, *, config: EvalConfig, world_size: int, device: str,
+          shape: str, log_dir: Path | None, log: Any = None) -> Scored:
+    """One candidate through the harness; an infra_error is retried."""
+    started = time.perf_counter()
+    result: EvalResult | None = None
+    attempt = 0
+    for attempt in range(1, INFRA_ATTEMPTS + 1):
+        result = evaluate(problem, path, world_size=world_size, device=device, shape=shape, config=config,
+                          log_dir=log_dir)
+        if result.verdict != failures.INFRA_ERROR:
+            break
+        if log is not None:
+            log.warning("search_infra_error", candidate=str(path), attempt=attempt,
+                        message=result.failure.message if result.failure else "")
+    assert result is not None
+    return Scored(result, time.perf_counter() - started, attempt)
+
+
+def fraction(result: EvalResult, bound_ms: float | None) -> float | None:
+    if bound_ms is None or bound_ms <= 0 or not result.correct or result.timings is None:
+        return None
+    median = result.timings.candidate.median_ms
+    return bound_ms / median if median > 0 else None
+
+
+def outcome(scored: Scored, bound: tuple[float | None, str | None] | None, elapsed_s: float) -> dict[str, Any]:
+    """The archive's evaluated columns for one result."""
+    result = scored.result
+    failure = result.failure
+    bound_ms, binding = bound if bound is not None else (None, None)
+    timings = result.timings
+    return {
+        "verdict": result.verdict, "correct": result.correct,
+        "failure_phase": failure.phase if failure else None, "failure_rank": failure.rank if failure else None,
+        "failure_message": failure.message if failure else None,
+        "failure_evidence": failure.evidence[-MAX_EVIDENCE_CHARS:] if failure else None,
+        "speedup": result.speedup if result.correct else None,
+        "candidate_ms": timings.candidate.median_ms if timings else None,
+        "reference_ms": timings.reference.median_ms if timings else None,
+        "roofline_fraction": fraction(result, bound_ms), "binding": binding if result.correct else None,
+        "flags": sorted(result.flags), "fast_eligible": result.fast_eligible, "trusted": trusted(result),
+        "gpu_s": round(device_seconds(result), 6), "stages": result.stages, "eval_s": round(scored.seconds, 6),
+        "attempts": scored.attempts, "result": result.model_dump_json(), "elapsed_s": round(elapsed_s, 3),
+    }
+
+
+def unevaluated(verdict: str, message: str, elapsed_s: float) -> dict[str, Any]:
+    """The evaluated columns of a candidate that never reached the harness (no code, a model error)."""
+    return {"verdict": verdict, "correct": False, "failure_message": message[:MAX_EVIDENCE_CHARS], "flags": [],
+            "fast_eligible": False, "trusted": False, "gpu_s": 0.0, "stages": {}, "eval_s": 0.0, "attempts": 0,
+            "elapsed_s": round(elapsed_s, 3)}
+
+
+# -- the roofline bound ------------------------------------------------------------------------------------
+def bound_on_node(problem: Problem, shape: str, world_size: int, device: str) -> dict[str, Any]:
+    """The roofline record of `problem` (no timings), computed where the devices are (a Ray task or a lease)."""
+    traced = cached_trace(problem, shape, world_size, device)
+    record = roofline(problem, shape, world_size, device, resolve_ceilings(None, device), traced=traced)
+    return json.loads(record.model_dump_json())
+
+
+def bound_of(record: dict[str, Any]) -> tuple[float | None, str | None]:
+    bound_s = record.get("bound_s")
+    if not isinstance(bound_s, (int, float)) or bound_s <= 0:
+        return None, None
+    return float(bound_s) * 1e3, str(record.get("binding"))
