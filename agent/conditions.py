@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from tools.specs import TOOL_NAMES
 
@@ -24,9 +24,10 @@ RECALL = "recall"
 AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name not in (SUBMIT, RECALL)))
 
 Kind = Literal["zero-shot", "agent", "replay"]
-ZERO_SHOT = "zero-shot"
-AGENT = "agent"
-REPLAY = "replay"
+# Final: each name keeps its literal type, so Condition(AGENT) type-checks as a Kind.
+ZERO_SHOT: Final = "zero-shot"
+AGENT: Final = "agent"
+REPLAY: Final = "replay"
 
 
 class ConditionError(ValueError):

@@ -145,10 +145,11 @@ def _shorten_calls(message: AIMessage, wanted: set[str], by_call: dict[str, dict
     replaced: dict[str, dict[str, Any]] = {}
     for call in message.tool_calls:
         args = dict(call.get("args") or {})
-        entry = by_call.get(call.get("id") or "")
-        if call.get("id") in wanted and entry is not None and isinstance(args.get("source"), str):
+        call_id = call.get("id")
+        entry = by_call.get(call_id or "")
+        if call_id in wanted and entry is not None and isinstance(args.get("source"), str):
             args["source"] = reference(entry, args["source"])
-            replaced[call["id"]] = args
+            replaced[call_id] = args
         calls.append({**call, "args": args})
     content = message.content
     if isinstance(content, list):  # Anthropic's tool_use blocks carry the input too; keep them in step

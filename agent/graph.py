@@ -299,9 +299,9 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
                      finish_reason=finish_reason(reply), estimate=prepared.estimate, cost_usd=cost)
         update: dict[str, Any] = {"messages": [reply], "spent": spend.spent.as_dict(), "context": context.as_dict()}
         if is_agent and (reply.tool_calls or reply.invalid_tool_calls):
-            reason = spend.stop_reason(before_model_call=False)
-            if reason:
-                update["stop_reason"] = reason
+            budget_stop = spend.stop_reason(before_model_call=False)
+            if budget_stop:
+                update["stop_reason"] = budget_stop
             return update
         # No tool call (always so for zero-shot): the reply's code, if any, is the answer.
         if reply.id is None:  # add_messages would give it one; the candidate record needs it now
@@ -343,6 +343,7 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
             if error is not None:
                 messages.append(ToolMessage(content=error, tool_call_id=call_id, name=name, status="error"))
                 continue
+            assert outcome is not None  # run_tool_call gives an outcome exactly when it gives no error
             if outcome.candidate is not None:  # saved by the tool, with its record beside it
                 candidates.append(candidate_entry(ctx, Path(outcome.candidate), name, call_id, None,
                                          (outcome.data or {}).get("verdict"), (outcome.data or {}).get("speedup")))

@@ -48,4 +48,4 @@ def parse_model_spec(text: str) -> ModelSpec:
         raise ProviderError(f"unknown model {text!r}: use {VALID_FORMS}")
     if not name:
         raise ProviderError(f"model {text!r} has nothing after '{provider}:': use {VALID_FORMS}")
-    return ModelSpec(provider, name)  # type: ignore[arg-type]  # provider checked against PROVIDERS
+    return ModelSpec(provider, name)  # `not in PROVIDERS` above narrows provider to a Provider

@@ -51,7 +51,7 @@ class ScriptedChatModel(BaseChatModel):
 
     script: list[AIMessage]
     script_name: str = "scripted"
-    usage: UsageMetadata | None = Field(default_factory=lambda: dict(DEFAULT_USAGE))  # type: ignore[arg-type]
+    usage: UsageMetadata | None = Field(default_factory=lambda: DEFAULT_USAGE.copy())
     bound_tools: list[dict[str, Any]] = Field(default_factory=list)
     calls: list[dict[str, Any]] = Field(default_factory=list)
     _position: int = PrivateAttr(default=0)
@@ -96,7 +96,7 @@ class ScriptedChatModel(BaseChatModel):
         reply = self.script[self._position].model_copy(deep=True)
         self._position += 1
         if reply.usage_metadata is None and self.usage is not None:
-            reply.usage_metadata = UsageMetadata(**self.usage)  # type: ignore[typeddict-item]
+            reply.usage_metadata = UsageMetadata(**self.usage)
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 

@@ -18,11 +18,11 @@ from tools.specs import DEVICE_FREE_TOOLS
 
 def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
     """The tools' view of the sample; with an executor, their device work goes through it (adding to `spent`)."""
-    remote = {} if ctx.executor is None else {"evaluate": as_evaluate(ctx.executor, spent),
-                                              "on_devices": as_device_call(ctx.executor, spent)}
+    executor = ctx.executor
     return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                        config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
-                       **remote)
+                       evaluate=None if executor is None else as_evaluate(executor, spent),
+                       on_devices=None if executor is None else as_device_call(executor, spent))
 
 
 def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:

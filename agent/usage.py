@@ -114,6 +114,9 @@ class PriceTable:
         def bad(why: str) -> PriceTableError:
             return PriceTableError(f"price table {source}: {why}")
 
+        def bad_in(model: str) -> Callable[[str], PriceTableError]:
+            return lambda why: bad(f"{model}: {why}")
+
         if not isinstance(data, dict):
             raise bad("expected a JSON object")
         version, currency, table = data.get("version"), data.get("currency"), data.get("per_million_tokens")
@@ -129,7 +132,7 @@ class PriceTable:
                 continue  # comments
             if ":" not in model:
                 raise bad(f'model {model!r} must be written "provider:model"')
-            prices[model] = _price(entry, lambda why, m=model: bad(f"{m}: {why}"))
+            prices[model] = _price(entry, bad_in(model))
         return cls(version=version, currency=currency, prices=prices, source=source)
 
 

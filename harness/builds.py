@@ -27,7 +27,7 @@ import re
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 BUILD_MARKERS = ("load_inline", "cpp_extension", "compile_cuda_extension", "nvrtc", "NVRTC", "RawKernel",
                  "RawModule")
@@ -306,9 +306,18 @@ def cuda_builds_possible() -> str:
     return ""
 
 
+class _CallFields(TypedDict):
+    """The fields of a BuildOutcome that name its call."""
+
+    name: str
+    kind: str
+    function: str
+    line: int
+
+
 def trigger(call: BuildCall) -> BuildOutcome:
     """Make the build call, as the first call of `solution` would; the extension lands in the cache."""
-    base = {"name": call.name, "kind": call.kind, "function": call.function, "line": call.line}
+    base: _CallFields = {"name": call.name, "kind": call.kind, "function": call.function, "line": call.line}
     if call.needs_cuda:
         reason = cuda_builds_possible()
         if reason:

@@ -21,7 +21,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -43,7 +43,15 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"reply field of type {type(value).__name__} is not JSON")
 
 
-def _new_mac(key: bytes) -> Any:
+class _Mac(Protocol):
+    """What the seal uses of an HMAC object: OpenSSL's (_hashlib.HMAC) and the stdlib's (hmac.HMAC) both fit."""
+
+    def copy(self) -> _Mac: ...
+    def update(self, msg: bytes, /) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+def _new_mac(key: bytes) -> _Mac:
     try:  # OpenSSL's HMAC object: a C type the candidate cannot patch (the key is not kept in Python)
         import _hashlib
 

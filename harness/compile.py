@@ -199,7 +199,7 @@ def keep_lazy_builds(copy: Path, entry: Path | None) -> list[str]:
     return added
 
 
-def stop_build(proc: subprocess.Popen, folder: Path, since: float) -> dict[str, Any]:
+def stop_build(proc: subprocess.Popen[bytes], folder: Path, since: float) -> dict[str, Any]:
     """End a build that overran its limit, and everything it started, and unblock the next build.
 
     Sandboxed, killing bwrap ends its whole PID namespace. Unsandboxed, the precompile process leads its

@@ -15,13 +15,13 @@ from harness.seeds import rank_seed
 
 
 def draw_inputs(problem: Problem, shape_name: str, world_size: int, seed: int, trial: int, rank: int,
-                device: str = "cpu") -> tuple:
+                device: str = "cpu") -> tuple[Any, ...]:
     gen = torch.Generator(device=device)
     gen.manual_seed(rank_seed(seed, trial, rank))
     return tuple(problem.make_inputs(problem.shape(shape_name), rank, world_size, gen, torch.device(device)))
 
 
-def _tensors(inputs: tuple) -> list[tuple[int, torch.Tensor]]:
+def _tensors(inputs: tuple[Any, ...]) -> list[tuple[int, torch.Tensor]]:
     out: list[tuple[int, torch.Tensor]] = []
     for i, value in enumerate(inputs):
         if isinstance(value, torch.Tensor):

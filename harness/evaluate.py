@@ -45,7 +45,7 @@ from harness.parallelkernelbench import input_report
 from harness.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.problem import Problem
 from harness.rank import transport
-from harness.results import CandidateInfo, EvalResult, Failure, Timings, TimingStats
+from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
 
 
@@ -132,9 +132,9 @@ class _Evaluation:
         all_flags = sorted(set(self.flags) | ({EMULATED} if emulated else set()))
         return EvalResult(
             problem=self.problem.name, category=self.problem.category, origin=self.problem.origin, shape=self.shape,
-            world_size=self.world_size, device=self.device,  # type: ignore[arg-type]
+            world_size=self.world_size, device=self.device,
             candidate=CandidateInfo(path=str(self.path), sha256=hashlib.sha256(self.source).hexdigest()),
-            verdict=verdict,  # type: ignore[arg-type]
+            verdict=verdict,
             correct=verdict == failures.CORRECT, failure=self.failure, max_abs_err=self.max_abs,
             max_rel_err=self.max_rel, timings=self.timings, speedup=speedup, flags=all_flags,
             seed=self.config.seed, trials=self.config.trials, fast_eligible=fast_eligible(all_flags), emulated=emulated,
@@ -157,7 +157,7 @@ class _Evaluation:
             building = pool.building(hang.missing)
             if building:
                 raise _Stop(Failure(
-                    verdict=failures.COMPILE_ERROR, phase="compile",  # type: ignore[arg-type]
+                    verdict=failures.COMPILE_ERROR, phase="compile",
                     message=f"a native build inside the first call on rank(s) {', '.join(map(str, building))} did "
                             f"not finish within {build_allowance:.0f} s (Limits.build_s)",
                     evidence=watchdog.evidence(hang.stacks))) from hang
@@ -165,13 +165,13 @@ class _Evaluation:
             if hang.stacks:
                 self.evidence["stacks"] = {str(k): v for k, v in sorted(hang.stacks.items())}
             raise _Stop(Failure(
-                verdict=verdict, phase=phase,  # type: ignore[arg-type]
+                verdict=verdict, phase=phase,
                 message=f"{phase}: rank(s) {', '.join(map(str, hang.missing))} did not finish within "
                         f"{hang.timeout:.0f} s; {why}; the rank group was killed",
                 evidence=watchdog.evidence(hang.stacks),
             ), _flags_of(hang.replies.values())) from hang
         except RankMisbehaved as err:
-            raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,  # type: ignore[arg-type]
+            raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,
                                 message=str(err))) from err
         failed = [r for r in replies if not r.get("ok")]
         if failed:
@@ -221,7 +221,7 @@ class _Evaluation:
         if outcome.builds:
             self.evidence["builds"] = outcome.builds
         if not outcome.ok:
-            self.failure = Failure(verdict=outcome.verdict, message=outcome.message,  # type: ignore[arg-type]
+            self.failure = Failure(verdict=outcome.verdict, message=outcome.message,
                                    evidence=outcome.evidence, phase="compile")
             return False
         self.ext_entry = outcome.extensions
@@ -259,7 +259,7 @@ class _Evaluation:
         try:
             self.pool.wait_ready()
         except PoolError as err:
-            raise _Stop(Failure(verdict=failures.INFRA_ERROR, phase="launch",  # type: ignore[arg-type]
+            raise _Stop(Failure(verdict=failures.INFRA_ERROR, phase="launch",
                                 message=f"the candidate's sandboxed ranks did not start: {err}")) from err
         # From launch to ready, overlapping the reference's work; `launch_wait` is what the reference left.
         self.stages["launch"] = self.pool.start_seconds
@@ -395,7 +395,7 @@ class _Evaluation:
                            cuda=self.device == "cuda", keep_dir=keep_dir, keep_probability=probability, rng=self.rng,
                            call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s)
         self.note_collectives("timing", self.pool.take_events())
-        clock = "cuda_events" if self.device == "cuda" else "host"
+        clock: Clock = "cuda_events" if self.device == "cuda" else "host"
         candidate = timing.stats(run, clock)
         self.timings = Timings(reference=ref_stats, candidate=candidate)
         self.stages["timing"] = time.perf_counter() - started
@@ -408,7 +408,7 @@ class _Evaluation:
             for rank, prints in run.fingerprints.items():
                 if prints != sets.fingerprints.get(rank):
                     self.flags.append(integrity.MUTATES_INPUTS)
-                    raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,  # type: ignore[arg-type]
+                    raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
                                         message=f"rank {rank}: an input set changed while it was timed: the "
                                                 f"candidate modifies its inputs"))
         wrong = []
@@ -433,7 +433,7 @@ class _Evaluation:
         if wrong:
             kept, rank, why = wrong[0]
             self.flags.append(integrity.TIMED_OUTPUT_WRONG)
-            raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,  # type: ignore[arg-type]
+            raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
                                 message=f"{len(wrong)} of {len(run.kept) * self.world_size} judged timed outputs were "
                                         f"wrong although the check passed; first: rank {rank}, a {kept.kind} call on "
                                         f"input set {kept.set_index}: {why}"))
@@ -510,7 +510,7 @@ def evaluate(
     # failure, said at once in one line, never charged to the model.
     issue = requirements.environment_issue(problem, ev.path, device)
     if issue:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment")  # type: ignore[arg-type]
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment")
         ev.evidence["environment_issue"] = issue
         shutil.rmtree(ev.folder, ignore_errors=True)
         return ev.result()
@@ -536,9 +536,9 @@ def evaluate(
         ev.failure = stop.failure
         ev.flags.extend(stop.flags)
     except ReferenceFailed as err:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference")  # type: ignore[arg-type]
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference")
     except (PoolError, SandboxUnavailable) as err:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)  # type: ignore[arg-type]
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)
     finally:
         ev.cleanup()
     if ev.failure is None and ev.timings is not None:

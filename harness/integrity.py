@@ -18,7 +18,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from harness.flags import (  # noqa: F401 - the flags' names, re-exported (harness.flags has no torch)
+from harness.flags import (  # the flags' names, re-exported (harness.flags has no torch)
     IMPOSSIBLE,
     INPUT_CACHING,
     LAZY_OUTPUT,
@@ -39,6 +39,15 @@ from harness.flags import (  # noqa: F401 - the flags' names, re-exported (harne
 
 if TYPE_CHECKING:
     import torch
+
+# The public names, the re-exported flags included (with no implicit re-export, a type checker needs them
+# listed to let `from harness.integrity import TAMPERING` through).
+__all__ = [
+    "FRESH_TRIAL_OFFSET", "IMPOSSIBLE", "INPUT_CACHING", "IntegrityConfig", "LAZY_OUTPUT", "MUTATES_INPUTS",
+    "OUTPUT_REUSED", "PROBE_TRIAL", "RACE", "REDUCED_PRECISION", "SPAWNED_THREADS", "SPEEDUP_DISQUALIFIERS",
+    "STALE_OUTPUT", "STRESS_TRIAL_BASE", "TAMPERING", "TIMED_OUTPUT_WRONG", "TIMING_IMPLAUSIBLE", "TIMING_INCONSISTENT",
+    "UNSYNCHRONIZED_WORK", "USES_NCCL", "mixed_seed", "precision_probe_inputs", "probe_seed",
+]
 
 # Trial numbers of the extra correctness trials: far from the T ordinary ones and from timing's sets.
 STRESS_TRIAL_BASE = 500_000
@@ -75,7 +84,10 @@ class IntegrityConfig:
     reconcile: bool = _knob(True, "claimed times checked against the harness's own clock")
     unexplained_ratio: float = _knob(1.0, "per-iteration time the claims leave unexplained, beyond the reference's, "
                                           "above max(margin, ratio * claimed median) is timing_inconsistent", ge=0)
-    unexplained_margin_ms: float = _knob(2.0, "the margin of unexplained_ratio", ge=0)
+    # 5 ms on CPU: a candidate pool and the reference pool are timed apart, and on a loaded 2-core machine
+    # the scheduler alone put more than 2 ms between them (a false timing_inconsistent, 2026-12-01). What
+    # hides 10 ms a call (tests/exploits/scale_reported_times.py) is still caught.
+    unexplained_margin_ms: float = _knob(5.0, "the margin of unexplained_ratio", ge=0)
 
     @classmethod
     def for_device(cls, device: str) -> IntegrityConfig:
@@ -122,7 +134,8 @@ def probe_seed(seed: int, rank: int) -> int:
 _MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 23}  # by torch dtype name
 
 
-def precision_probe_inputs(inputs: tuple, dtype: torch.dtype, generator: torch.Generator) -> tuple:
+def precision_probe_inputs(inputs: tuple[Any, ...], dtype: torch.dtype,
+                           generator: torch.Generator) -> tuple[Any, ...]:
     """The inputs with every tensor of the problem's dtype replaced by values whose low bits matter:
     1 + k * 2^-m (m the dtype's mantissa bits, exact in the dtype), and one element in eight scaled by
     64. An 8-bit path (fp8, or int8 with per-block scales: a block's outlier sets the step) rounds the

@@ -203,7 +203,8 @@ def aggregate(rows: list[dict[str, Any]], metrics: Sequence[str],
     duration = "gpu__time_duration.sum"
 
     def combined(group: list[dict[str, Any]], m: str) -> float | None:
-        values = [(r.get(m), r.get(duration) or 0.0) for r in group if r.get(m) is not None]
+        # (value, GPU time) of the launches that have the metric (parse_raw_csv leaves None where not)
+        values: list[tuple[float, float]] = [(v, r.get(duration) or 0.0) for r in group if (v := r.get(m)) is not None]
         if not values:
             return None
         how = _combine(m)

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 from harness import channel, failures
 from harness.emulation import layout
@@ -166,6 +166,11 @@ class _Rank:
     build_seconds: float = 0.0
 
 
+def _keyed_by_rank(message: dict[str, Any] | dict[int, dict[str, Any]]) -> TypeGuard[dict[int, dict[str, Any]]]:
+    """Whether a request is one message per rank, keyed by rank (else one message for every rank)."""
+    return all(isinstance(k, int) for k in message)
+
+
 def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(SAFE_ENV)
@@ -276,7 +281,7 @@ class RankPool:
         self.ranks: list[_Rank] = []
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.scratch: Path | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._status_fd: int | None = None
         self._status_buffer = b""
         self.start_seconds = 0.0
@@ -534,12 +539,12 @@ class RankPool:
         """
         if not self.alive:
             raise PoolError("the rank pool is not running")
-        per_rank = message if all(isinstance(k, int) for k in message) else None
+        per_rank = message if _keyed_by_rank(message) else None
         self._nonce = secrets.token_hex(16)  # a reply to an earlier request can never pass for this one's
         started = time.perf_counter()
         for r in self.ranks:
             body = per_rank[r.rank] if per_rank is not None else message
-            r.requests.send({**body, "nonce": self._nonce})  # type: ignore[dict-item]
+            r.requests.send({**body, "nonce": self._nonce})
         replies = self._collect(timeout, grace, build_allowance)
         self.last_span_s = time.perf_counter() - started
         return [replies[i] for i in range(self.world_size)]
@@ -588,7 +593,7 @@ class RankPool:
                     r, kind = by_fd[item]
                     self._drain(r, kind)
                     continue
-                r = by_conn[item]
+                r = by_conn[cast(Connection, item)]  # wait() returns what it was given: these, and the fds above
                 take(r, self._read_sealed(r) if self._keys is not None else self._read_startup(r))
             self._watch_processes()
         for r in self.ranks:
@@ -723,7 +728,8 @@ class RankPool:
     def _read_startup(self, r: _Rank) -> dict[str, Any]:
         """Before sealing only the worker's own code has run (no problem, no candidate): pickle is safe."""
         try:
-            return r.replies.recv()
+            # Only the worker's own startup code has sent on this pipe, and it sends dicts.
+            return cast("dict[str, Any]", r.replies.recv())
         except (EOFError, OSError):
             return self._death_reply(r)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -62,20 +62,23 @@ class Problem:
         """The string a rank worker passes to harness.registry.load_problem_spec to get this problem back."""
         return self.spec or str(self.path)
 
+    # problem_from_module checked that the module defines these functions (REQUIRED_FUNCTIONS); their
+    # types are the contract of problems/README.md.
     @property
-    def make_inputs(self) -> Callable[..., tuple]:
-        return self.module.make_inputs
+    def make_inputs(self) -> Callable[..., tuple[Any, ...]]:
+        return cast("Callable[..., tuple[Any, ...]]", self.module.make_inputs)
 
     @property
     def solution(self) -> Callable[..., Any]:
-        return self.module.solution
+        return cast("Callable[..., Any]", self.module.solution)
 
     @property
-    def oracle(self) -> Callable[..., list] | None:
+    def oracle(self) -> Callable[..., list[Any]] | None:
         return getattr(self.module, "oracle", None)
 
     @property
-    def traffic(self) -> Callable[..., dict] | None:
+    def traffic(self) -> Callable[..., dict[str, Any] | list[dict[str, Any]]] | None:
+        """One dict for every rank, or a list of one per rank (harness.roofline checks what it gets)."""
         return getattr(self.module, "traffic", None)
 
     @property

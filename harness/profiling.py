@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,9 @@ from harness import failures
 from harness.candidate import required_positional, trimmed_traceback
 from harness.seeds import TIMING_TRIAL_BASE
 from harness.tracing import keep_torch_namespace
+
+if TYPE_CHECKING:  # annotations only: the rank workers import this module, never the pool
+    from harness.pool import RankPool
 
 CALL_RANGE = "pkb::call"
 SPIN_MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
@@ -321,7 +324,8 @@ def profile_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "mode": "timeline", **summary}
 
 
-def _ncu_iterations(worker: Any, fn: Any, sets: list[tuple], iters: int, barrier: StoreBarrier) -> dict[str, Any]:
+def _ncu_iterations(worker: Any, fn: Any, sets: list[tuple[Any, ...]], iters: int,
+                    barrier: StoreBarrier) -> dict[str, Any]:
     for i in range(iters):
         barrier.wait()
         if worker.device.type == "cuda":
@@ -411,7 +415,7 @@ def merge(replies: Sequence[dict[str, Any]]) -> tuple[list[RankTimeline], int, f
     return ranks, slowest, skew
 
 
-def _ask(pool: Any, message: dict[str, Any], timeout: float, what: str) -> list[dict[str, Any]]:
+def _ask(pool: RankPool, message: dict[str, Any], timeout: float, what: str) -> list[dict[str, Any]]:
     from harness.pool import Hang  # parent side only: the rank workers import this module, never the pool
 
     try:

@@ -21,6 +21,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from harness.results import TimingStats
 
@@ -49,16 +50,18 @@ def _key() -> bytes:
     return bytes.fromhex(path.read_text().strip())
 
 
-def _tag(key: str, stats: dict) -> str:
+def _tag(key: str, stats: dict[str, Any]) -> str:
     body = json.dumps({"key": key, "stats": stats}, sort_keys=True).encode()
     return hmac.new(_key(), body, hashlib.sha256).hexdigest()
 
 
-def _read(path: Path) -> dict[str, dict]:
+def _read(path: Path) -> dict[str, object]:
+    """The cache's entries, unchecked (lookup checks each); {} when the file is missing or not a JSON object."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def lookup(key: str) -> TimingStats | None:

@@ -20,11 +20,11 @@ import ast
 import importlib.util
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 CUDA = "CUDA"
 # Packages whose code runs only on a GPU; missing or not, they need CUDA on a CPU run.
@@ -140,7 +140,7 @@ class _Scan:
         for block in blocks:
             yield from self._block(block, guarded)
 
-    def _block(self, statements: list[ast.AST], guarded: bool) -> Iterator[tuple[ast.AST, bool]]:
+    def _block(self, statements: Sequence[ast.AST], guarded: bool) -> Iterator[tuple[ast.AST, bool]]:
         """A statement list in order. After `if <device test>: ... return` the rest of the block is the
         device's own path (`if not x.is_cuda: return fallback(x)`): guarded like a branch. A refusal
         (`if not x.is_cuda: raise ...`, `assert x.is_cuda`) is a need, not a fallback."""
@@ -205,7 +205,7 @@ NOT_CUDA_RE = re.compile(r"not [\w.()\[\]]*is_cuda|!= *['\"]cuda|is_cuda *== *Fa
 IS_CUDA_RE = re.compile(r"is_cuda|== *['\"]cuda")
 
 
-def _refuses_cpu(stmt: ast.AST) -> bool:
+def _refuses_cpu(stmt: ast.AST) -> TypeGuard[ast.Assert | ast.If]:
     """`assert x.is_cuda` or `if not x.is_cuda: raise`: the code refuses to run anywhere but CUDA."""
     if isinstance(stmt, ast.Assert):
         text = ast.unparse(stmt.test)

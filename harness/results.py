@@ -25,6 +25,7 @@ Verdict = Literal[
     "timeout",
     "infra_error",
 ]
+Clock = Literal["cuda_events", "host"]  # what timed the calls: CUDA events on a GPU, the host clock on a CPU
 
 
 class Failure(BaseModel):
@@ -54,7 +55,7 @@ class TimingStats(BaseModel):
     spin_us: float
     slowest_rank: int
     rank_medians_ms: list[float]
-    clock: Literal["cuda_events", "host"]
+    clock: Clock
     cached: bool = False
     fresh_median_ms: float | None = Field(
         None, description="median over iterations on never-seen inputs (max over ranks); much slower than "
@@ -77,7 +78,7 @@ class TimingStats(BaseModel):
 
 
     @classmethod
-    def from_rank_loops(cls, replies: list[dict[str, Any]], clock: str) -> TimingStats:
+    def from_rank_loops(cls, replies: list[dict[str, Any]], clock: Clock) -> TimingStats:
         """Stats of a timing loop that ran inside trusted ranks (harness.timing: the machine's calibration);
         candidates and references are timed by harness.judge.timing instead."""
         import statistics
@@ -94,7 +95,7 @@ class TimingStats(BaseModel):
             iterations=len(per_iter), host_median_ms=statistics.median(host) if host else float("nan"),
             input_sets=int(replies[0]["input_sets"]), spin_us=float(replies[0]["spin_us"]),
             slowest_rank=max(range(len(rank_medians)), key=rank_medians.__getitem__),
-            rank_medians_ms=rank_medians, clock=clock,  # type: ignore[arg-type]
+            rank_medians_ms=rank_medians, clock=clock,
         )
 
 

@@ -1,4 +1,4 @@
-"""Timing one function on every rank with the protocol of DESIGN.md step 4. Worker-safe.
+"""Timing one function on every rank with the protocol of docs/design.md (step 4). Worker-safe.
 
 Per iteration on a GPU: flush L2 (write a buffer twice its size), queue a short device-side spin so the
 host has enqueued the whole iteration before the GPU reaches it, a cross-rank device barrier, then
@@ -30,11 +30,11 @@ _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed_time = torch.cuda.Event.elapsed_time
 _cuda_synchronize = torch.cuda.synchronize
-_cuda_sleep = torch.cuda._sleep
+_cuda_sleep: Callable[[int], None] = torch.cuda._sleep  # torch leaves it unannotated: (cycles) -> None
 _all_reduce = dist.all_reduce
 _barrier = dist.barrier
 
-Prepare = Callable[[list[tuple], list[tuple]], None]
+Prepare = Callable[[list[tuple[Any, ...]], list[tuple[Any, ...]]], None]
 OnOutput = Callable[[str, int, Any], None]  # (loop: warmup|timed|host|fresh, set index, output)
 
 
@@ -48,9 +48,9 @@ def tree_nbytes(value: Any) -> int:
 
 def input_sets_needed(set_bytes: int, l2_bytes: int, config: dict[str, Any], free_bytes: int) -> int:
     """Enough distinct input sets that one pass over them is more than 3x the L2 size."""
-    want = max(config.get("min_input_sets", 2), math.ceil(3 * l2_bytes / max(set_bytes, 1)) + 1)
+    want = max(int(config.get("min_input_sets", 2)), math.ceil(3 * l2_bytes / max(set_bytes, 1)) + 1)
     affordable = max(1, int(config.get("input_memory_fraction", 0.25) * free_bytes) // max(set_bytes, 1))
-    return max(1, min(want, config.get("max_input_sets", 64), affordable))
+    return max(1, min(want, int(config.get("max_input_sets", 64)), affordable))
 
 
 def _device_barrier(device: torch.device, token: torch.Tensor) -> None:
@@ -72,7 +72,7 @@ def _agree_min(value: int, device: torch.device) -> int:
 
 def time_function(
     fn: Callable[..., Any],
-    make_set: Callable[[int], tuple],
+    make_set: Callable[[int], tuple[Any, ...]],
     device: torch.device,
     config: dict[str, Any],
     *,
@@ -130,7 +130,7 @@ def time_function(
         spin_us = min(config.get("max_spin_us", 2000.0), max(config.get("min_spin_us", 20.0), wanted))
         spin_cycles = int(spin_us * 1980)
 
-        def timed_loop(plan: list[tuple[str, int, tuple]]) -> list[float]:
+        def timed_loop(plan: list[tuple[str, int, tuple[Any, ...]]]) -> list[float]:
             starts = [_Event(enable_timing=True) for _ in plan]
             ends = [_Event(enable_timing=True) for _ in plan]
             for it, (loop, index, s) in enumerate(plan):
@@ -146,7 +146,7 @@ def time_function(
             return [_elapsed_time(a, b) for a, b in zip(starts, ends)]
     else:
 
-        def timed_loop(plan: list[tuple[str, int, tuple]]) -> list[float]:
+        def timed_loop(plan: list[tuple[str, int, tuple[Any, ...]]]) -> list[float]:
             times = []
             for loop, index, s in plan:
                 _barrier()

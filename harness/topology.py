@@ -528,7 +528,7 @@ def all_reduce_curve(world_size: int, sizes: Sequence[int] = ALL_REDUCE_SIZES, *
     config = (timing or TimingConfig()).model_dump()
     with tempfile.TemporaryDirectory(prefix="pkb-calibrate-") as tmp:
         folder = Path(tmp)
-        procs: list[subprocess.Popen] = []
+        procs: list[subprocess.Popen[bytes]] = []
         try:
             for rank in range(world_size):
                 with open(folder / f"rank{rank}.log", "wb") as log:
@@ -565,7 +565,7 @@ def _log_tail(folder: Path, rank: int, limit: int = 2000) -> str:
         return ""
 
 
-def _wait_all(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> None:
+def _wait_all(procs: list[subprocess.Popen[bytes]], folder: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         codes = [p.poll() for p in procs]
@@ -583,7 +583,7 @@ def _wait_all(procs: list[subprocess.Popen], folder: Path, timeout_s: float) -> 
         time.sleep(0.2)
 
 
-def _kill_groups(procs: list[subprocess.Popen]) -> None:
+def _kill_groups(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             try:

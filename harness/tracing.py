@@ -2,7 +2,7 @@
 
 `trace_in_worker` (op "trace") runs the problem's reference once after a warm-up call, with the
 collective functions of torch.distributed wrapped so each call records its kind, payload size and group,
-and under PyTorch's FLOP counter. Per-rank interconnect bytes follow DESIGN.md's bandwidth-optimal rules,
+and under PyTorch's FLOP counter. Per-rank interconnect bytes follow the bandwidth-optimal rules of docs/design.md,
 with S the payload size defined per kind and W the group size (a rank outside a group records nothing):
 
     all_reduce                  send = recv = 2(W-1)/W * S                 S = the tensor
@@ -248,7 +248,8 @@ def _rooted(kind: str, rule: Callable[[int, int, bool], tuple[int, int]], root_k
     return handle
 
 
-def _rooted_parts(kind: str, root_key: str, list_key: str, rule: Callable[..., tuple[float, float]]) -> Handler:
+def _rooted_parts(kind: str, root_key: str, list_key: str,
+                  rule: Callable[[list[int], int, int], tuple[int, int]]) -> Handler:
     """gather and scatter: one part per rank, to or from a root; the root's list gives uneven parts."""
 
     def handle(args: dict[str, Any]) -> list[Collective]:
@@ -478,7 +479,7 @@ def _flop_counter(enabled: bool) -> Iterator[Any]:
         yield counter
 
 
-def trace_call(fn: Callable[..., Any], inputs: tuple, sync: Callable[[], None],
+def trace_call(fn: Callable[..., Any], inputs: tuple[Any, ...], sync: Callable[[], None],
                count_flops: bool = True) -> dict[str, Any]:
     """One recorded call of `fn` on copies of `inputs` (the caller has already warmed it up)."""
     with keep_torch_namespace(), CollectiveRecorder() as rec, _flop_counter(count_flops) as flops:

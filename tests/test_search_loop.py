@@ -260,7 +260,7 @@ def test_a_refused_request_is_the_candidates_failure_and_the_search_goes_on(tmp_
 
 def test_no_lease_is_held_while_a_model_runs_and_the_two_overlap(tmp_path: Path, suite: list[Problem],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import agent.executors
+    import agent.executors.local
 
     scheduler = DeviceScheduler("cpu", 2, cpu_slots=1)
     holders: set[int] = set()
@@ -284,7 +284,7 @@ def test_no_lease_is_held_while_a_model_runs_and_the_two_overlap(tmp_path: Path,
         time.sleep(0.02)
         return search_fakes.evaluate(problem, path, **{k: v for k, v in kw.items() if k != "gpus"})
 
-    monkeypatch.setattr(agent.executors, "harness_evaluate", slow_fake)
+    monkeypatch.setattr(agent.executors.local, "harness_evaluate", slow_fake)
 
     class Watched(MutatorChatModel):
         def invoke(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]

@@ -2,7 +2,7 @@
 
 One gloo pool per world size serves every case: a "zoo" problem (written to a temporary folder) whose
 shapes each select one collective, traced with the worker's op "trace". Expected bytes are written out
-from DESIGN.md's rules, not from harness.tracing's own functions.
+from the bandwidth-optimal rules of docs/design.md, not from harness.tracing's own functions.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def received(replies: list[dict]) -> list[int]:
 
 
 def expected(world_size: int, kind: str) -> tuple[list[int], list[int], str]:
-    """(send per rank, recv per rank, recorded kind) by hand, from DESIGN.md's rules."""
+    """(send per rank, recv per rank, recorded kind) by hand, from the bandwidth-optimal rules of docs/design.md."""
     w = world_size
     x = 2 * w * ROW  # bytes of x: 2W rows
     ranks = range(w)

@@ -4,9 +4,12 @@ every structure PKB references use, refusals of anything else, files a hostile r
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -136,3 +139,33 @@ def test_scalar_and_dtype_mismatches_are_shape_mismatches():
     assert compare_outputs(torch.zeros(2), torch.zeros(2, dtype=torch.float64), 1, 1)["verdict"] == \
         failures.SHAPE_MISMATCH
     assert compare_outputs(1, "1", 0, 0)["verdict"] == failures.SHAPE_MISMATCH
+
+
+def _with_header(good: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
+    """`good` (a written output file) with its JSON header changed by `edit`; the data kept."""
+    start = len(transport.MAGIC) + 8
+    size = int.from_bytes(good[len(transport.MAGIC):start], "little")
+    header = json.loads(good[start:start + size])
+    edit(header)
+    raw = json.dumps(header).encode()
+    return transport.MAGIC + len(raw).to_bytes(8, "little") + raw + good[start + size:]
+
+
+def test_hostile_headers_raise_transport_errors_only(tmp_path):
+    """Headers a rank crafted (a dtype that is not a name, a sparse shape its indices cannot fill) are
+    refused as TransportError, which the judge charges to the candidate, not any other exception."""
+    path = tmp_path / "out.bin"
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.ones(2), (4,))
+    transport.write_tree(path, {"a": torch.ones(2), "s": sparse})
+    good = path.read_bytes()
+    assert torch.equal(transport.parse_tree(good)["a"], torch.ones(2))
+
+    def unhashable_dtype(h: dict[str, Any]) -> None:
+        h["dict"][0][1]["tensor"]["dtype"] = []
+
+    def sparse_shape_too_deep(h: dict[str, Any]) -> None:
+        h["dict"][1][1]["sparse"]["shape"] = [4, 3]
+
+    for edit in (unhashable_dtype, sparse_shape_too_deep):
+        with pytest.raises(transport.TransportError):
+            transport.parse_tree(_with_header(good, edit))

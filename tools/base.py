@@ -17,7 +17,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -170,5 +170,5 @@ def optional_kwargs(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]
     return {k: v for k, v in candidates.items() if v is not None and (takes_any or k in params)}
 
 
-def bounded(ctx: ToolContext, blocks: list[render.Block | str]) -> str:
+def bounded(ctx: ToolContext, blocks: Sequence[render.Block | str]) -> str:
     return render.fit(blocks, ctx.answer_tokens)

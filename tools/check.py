@@ -14,7 +14,7 @@ from typing import Any
 from harness.evaluate import evaluate
 from harness.results import EvalResult
 from tools.base import ToolContext, ToolOutcome, bounded, stopwatch
-from tools.render import Block
+from tools.render import Block, Keep
 
 HINTS = {
     "compile_error": "The file did not compile. Line numbers are the Python file's, or the CUDA source's for "
@@ -100,10 +100,10 @@ def verdict_blocks(result: EvalResult, ctx: ToolContext, tool: str) -> list[Bloc
     tol = f"atol={ctx.problem.atol:g} rtol={ctx.problem.rtol:g}"
     setting = f"shape {ctx.shape!r}, W={ctx.world_size}, {ctx.device}"
     if result.correct:
-        lines = [f"{tool}: correct on all {ctx.world_size} ranks over {result.trials} trials ({setting}); "
-                 f"max abs err {_g(result.max_abs_err)}, max rel err {_g(result.max_rel_err)} within {tol}.",
-                 flag_line(result.flags)]
-        return [Block("\n".join(line for line in lines if line))]
+        summary = [f"{tool}: correct on all {ctx.world_size} ranks over {result.trials} trials ({setting}); "
+                   f"max abs err {_g(result.max_abs_err)}, max rel err {_g(result.max_rel_err)} within {tol}.",
+                   flag_line(result.flags)]
+        return [Block("\n".join(line for line in summary if line))]
     failure = result.failure
     assert failure is not None
     where = [f"rank {failure.rank}" if failure.rank is not None else None,
@@ -129,7 +129,7 @@ def verdict_blocks(result: EvalResult, ctx: ToolContext, tool: str) -> list[Bloc
     blocks = [Block("\n".join(lines))]
     if failure.evidence.strip():
         # Tracebacks and compiler logs: the end holds the error, the start the first error; keep both.
-        keep = "tail" if result.verdict in ("runtime_error", "api_error") else "both"
+        keep: Keep = "tail" if result.verdict in ("runtime_error", "api_error") else "both"
         blocks.append(Block(failure.evidence.strip(), keep, title="evidence:"))
     return blocks
 

@@ -20,7 +20,8 @@ MAX_CHARS = 200_000
 
 def measurements(record: dict[str, Any]) -> str:
     """What a candidate's tool record says about it in a few words: tool, verdict, speedup."""
-    data = record.get("data") if isinstance(record.get("data"), dict) else {}
+    raw = record.get("data")
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     parts = [f"{record.get('tool') or 'a reply'}"]
     if data.get("verdict"):
         parts.append(f"verdict {data['verdict']}")

@@ -185,7 +185,7 @@ class _Tally:
             return f"correct {self.correct}  fast {self.fast}  tokens {self.tokens:,}  {cost}"
 
 
-def _fast(record: dict[str, Any]) -> bool:
+def _fast(record: metrics.SampleRecord) -> bool:
     """Correct, faster than the reference, and allowed to count as fast (no integrity flag against it, not
     emulated): agent.report.metrics' rule, the report's."""
     return metrics.is_fast(record, 1.0)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from agent.executors import EXECUTORS, ExecutorError
 from agent.executors.interface import Scheduler
 from agent.executors.local import LocalExecutor
 from agent.executors.ray_cluster import RayExecutor
+
+
+@overload
+def make_executor(name: Literal["ray"], ray_address: str | None = None, *, scheduler: Scheduler | None = None,
+                  **ray_options: Any) -> RayExecutor: ...
+
+
+@overload
+def make_executor(name: str = "local", ray_address: str | None = None, *, scheduler: Scheduler | None = None,
+                  **ray_options: Any) -> LocalExecutor | RayExecutor: ...
 
 
 def make_executor(name: str = "local", ray_address: str | None = None, *, scheduler: Scheduler | None = None,

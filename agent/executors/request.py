@@ -134,10 +134,10 @@ def infra_result(request: EvalRequest, message: str, *, evidence: str = "", phas
         name, category, origin = Path(request.problem_spec.split("::")[-1]).stem, "unknown", "pkb-agent"
     return EvalResult(
         problem=name, category=category, origin=origin, shape=request.shape, world_size=request.world_size,
-        device=request.device,  # type: ignore[arg-type]
+        device=request.device,
         candidate=CandidateInfo(path=request.candidate_name, sha256=hashlib.sha256(request.source_bytes).hexdigest()),
-        verdict=failures.INFRA_ERROR, correct=False,  # type: ignore[arg-type]
-        failure=Failure(verdict=failures.INFRA_ERROR, message=message, phase=phase,  # type: ignore[arg-type]
+        verdict=failures.INFRA_ERROR, correct=False,
+        failure=Failure(verdict=failures.INFRA_ERROR, message=message, phase=phase,
                         evidence=evidence[-MAX_EVIDENCE_CHARS:]),
         seed=config.seed, trials=config.trials, environment={"executor": executor or {}},
         config=config.model_dump(),

@@ -250,7 +250,7 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
                               f"(pass@k needs n >= k)")
     arms = make_arms(runs)
     baseline, comparisons = _comparisons(arms, k, seed, resamples)
-    data = {
+    data: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "k": k,
         "seed": seed,

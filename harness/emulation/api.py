@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,9 @@ import torch.distributed as dist
 from harness.emulation import driver, memory, rendezvous
 from harness.emulation.errors import NotAvailableInEmulation
 from harness.emulation.handle import EmulatedSymmetricMemory, handle_for
+
+if TYPE_CHECKING:  # a NewType of str, needed for annotations only
+    from torch.distributed.distributed_c10d import GroupName
 
 
 class Emulation:
@@ -58,8 +61,11 @@ class Emulation:
         return raw[:nbytes].view(dtype).view(shape)
 
     def rendezvous(self, tensor: torch.Tensor, group: Any) -> EmulatedSymmetricMemory:
+        from torch._C._distributed_c10d import _resolve_process_group  # dist.distributed_c10d's, the same object
+
         group_name = _group_name(group)
-        pg = dist.distributed_c10d._resolve_process_group(group_name)
+        # GroupName is a NewType of str: at run time a group's name is the plain string.
+        pg = _resolve_process_group(cast("GroupName", group_name))
         allocation = self.registry.find(tensor.data_ptr())
         if allocation is None:
             raise RuntimeError("rendezvous: the tensor was not allocated with symm_mem.empty")

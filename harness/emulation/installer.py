@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,7 @@ def install(store: Any = None) -> api.Emulation:
     dist.init_process_group (gloo) and torch.cuda.set_device, before the candidate is imported.
     `store`: the store ranks exchange IPC handles in (default: the default group's store)."""
     if "emulation" in _installed:
-        return _installed["emulation"]
+        return cast(api.Emulation, _installed["emulation"])  # written below, the key's only writer
     import torch.distributed._symmetric_memory as symm_mem
 
     os.environ.update(SAFE_ENV)
@@ -220,7 +220,7 @@ def _refused_nccl_class(original: type) -> type:
     """A stand-in for ProcessGroupNCCL: keeps its nested names (Options, ...) for torch's own
     isinstance checks and attribute reads, refuses construction."""
 
-    class ProcessGroupNCCL(original):  # type: ignore[misc, valid-type]
+    class ProcessGroupNCCL(original):  # type: ignore[misc]  # a base known at run time only
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             raise NotAvailableInEmulation("nccl", "torch.distributed.ProcessGroupNCCL",
                                           "ranks share one GPU, which NCCL refuses; collectives run on gloo")

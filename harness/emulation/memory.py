@@ -11,11 +11,14 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from harness.emulation import driver
+
+if TYPE_CHECKING:  # handle imports this module: the name is for annotations only
+    from harness.emulation.handle import EmulatedSymmetricMemory
 
 DEFAULT_SIGNAL_PAD_BYTES = 2048  # torch's default (CUDASymmetricMemory's signal_pad_size)
 DATA_ALIGNMENT = 4096  # the data starts page-aligned after the pad, like torch's layout
@@ -63,7 +66,8 @@ class Allocation:
     data_offset: int
     data_bytes: int
     ipc_handle: bytes
-    handles: dict[str, Any] = field(default_factory=dict)  # group name -> handle (rendezvous is cached)
+    # group name -> handle (rendezvous is cached)
+    handles: dict[str, EmulatedSymmetricMemory] = field(default_factory=dict)
 
     @property
     def data_ptr(self) -> int:

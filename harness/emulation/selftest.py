@@ -29,7 +29,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from harness.emulation.installer import SAFE_ENV
 
@@ -64,7 +64,7 @@ def _expectation(path: Path) -> dict[str, Any]:
     """An exploit's EXPECT dict, read without importing (importing runs the hack)."""
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "EXPECT" for t in node.targets):
-            return ast.literal_eval(node.value)
+            return cast(dict[str, Any], ast.literal_eval(node.value))  # every exploit's EXPECT is a dict literal
     raise SystemExit(f"{path} declares no EXPECT")
 
 
@@ -125,11 +125,11 @@ def outcome(case: dict[str, Any], per_rank: list[Any]) -> str:
     if any(r is None for r in per_rank):
         return "incomplete (timeout or crash)"
     if any(r["status"] == "skipped" for r in per_rank):
-        return "skipped: " + per_rank[0]["message"]
+        return f"skipped: {per_rank[0]['message']}"
     if any(r["status"] == "refused" for r in per_rank):
-        return "refused: " + next(r["message"] for r in per_rank if r["status"] == "refused")
+        return f"refused: {next(r['message'] for r in per_rank if r['status'] == 'refused')}"
     if any(r["status"] == "error" for r in per_rank):
-        return "error: " + next(r["message"] for r in per_rank if r["status"] == "error")
+        return f"error: {next(r['message'] for r in per_rank if r['status'] == 'error')}"
     bad = sum(1 for r in per_rank for t in r["trials"] if not t["ok"])
     total = sum(len(r["trials"]) for r in per_rank)
     if case["kind"] == "expert":
@@ -173,6 +173,7 @@ def child(rank: int, world_size: int, folder: Path) -> None:
     # Deferred: torch and the emulation's installer are the rank processes'; the parent only plans and reads.
     import torch
     import torch.distributed as dist
+    from torch._C._distributed_c10d import FileStore  # torch.distributed's, which mypy sees as not re-exported
 
     from harness.emulation import install, layout
 
@@ -181,7 +182,7 @@ def child(rank: int, world_size: int, folder: Path) -> None:
     visible = list(range(torch.cuda.device_count()))
     device = torch.device("cuda", layout.rank_gpus(world_size, per_gpu, visible)[rank])
     torch.cuda.set_device(device)
-    store = dist.FileStore(str(folder / "store"), world_size)
+    store = FileStore(str(folder / "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     install()
     report: dict[str, Any] = {"rank": rank, "cases": []}
@@ -210,7 +211,9 @@ def barrier_latency(device: Any, iters: int) -> dict[str, Any]:
     import torch.distributed._symmetric_memory as symm_mem
 
     buf = symm_mem.empty(1024, dtype=torch.uint8, device=device)
-    handle = symm_mem.rendezvous(buf, dist.group.WORLD)
+    world = dist.group.WORLD
+    assert world is not None  # child() initialised the default group
+    handle = symm_mem.rendezvous(buf, world)
     dist.barrier()
     start = time.perf_counter()
     handle.barrier(channel=0)
@@ -285,9 +288,9 @@ def run_case(case: dict[str, Any], plan: dict[str, Any], rank: int, world_size: 
             return result
         expected = problem.solution(*clone(inputs))
         torch.cuda.synchronize(device)
-        ok, message, err = compare(expected, got, atol, rtol)
+        ok, message, abs_err = compare(expected, got, atol, rtol)
         result["trials"].append({"trial": trial, "late_rank": late_rank, "ok": ok, "message": message,
-                                 "max_abs_err": err})
+                                 "max_abs_err": abs_err})
     result["wall_s"] = time.perf_counter() - started
     if plan["calls"] and all(t["ok"] for t in result["trials"]):
         inputs = make_inputs(problem, shape, rank, world_size, device, plan["seed"], total)
@@ -307,7 +310,7 @@ def all_ok(mine: bool) -> bool:
 
 
 def make_inputs(problem: Any, shape: dict[str, Any], rank: int, world_size: int, device: Any, seed: int,
-                trial: int) -> tuple:
+                trial: int) -> tuple[Any, ...]:
     import torch
 
     gen = torch.Generator(device=device)
@@ -325,7 +328,7 @@ def clone(value: Any) -> Any:
     return value
 
 
-def call_latency(fn: Any, inputs: tuple, calls: int, device: Any) -> float:
+def call_latency(fn: Any, inputs: tuple[Any, ...], calls: int, device: Any) -> float:
     """Median host-measured ms per call, ranks started together: an emulated latency, not a speedup."""
     import torch
     import torch.distributed as dist

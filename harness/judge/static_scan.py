@@ -96,10 +96,10 @@ def static_scan(source: str) -> list[dict[str, Any]]:
         elif isinstance(node, ast.Call):
             func = _dotted(node.func)
             if func in ("setattr", "delattr") and node.args:
-                target = _dotted(node.args[0])
-                root = aliases.get(target.split(".")[0], target.split(".")[0]).split(".")[0] if target else ""
+                patched = _dotted(node.args[0])
+                root = aliases.get(patched.split(".")[0], patched.split(".")[0]).split(".")[0] if patched else ""
                 if root in _PATCH_ROOTS or root in ("torch", "dist"):
-                    add("monkeypatch", node, f"{func}({target}, ...)")
+                    add("monkeypatch", node, f"{func}({patched}, ...)")
             module, _, attr = func.rpartition(".")
             if aliases.get(module, module) == "os" and attr in _FD_CALLS:
                 add("fd_access", node, f"os.{attr}()")

@@ -32,7 +32,7 @@ from typing import Any
 from harness.config import TimingConfig
 from harness.integrity import IntegrityConfig
 from harness.pool import RankPool
-from harness.results import TimingStats
+from harness.results import Clock, TimingStats
 
 Ask = Callable[[RankPool, Any, str, float], list[dict[str, Any]]]
 
@@ -145,7 +145,7 @@ def _low(values: list[float]) -> float | None:
     return finite[int(0.2 * (len(finite) - 1))] if finite else None
 
 
-def stats(run: TimingRun, clock: str) -> TimingStats:
+def stats(run: TimingRun, clock: Clock) -> TimingStats:
     """Per iteration the slowest rank's claimed time; quantiles; the harness's own spans beside them."""
     timed = run.times.get("timed", [])
     per_iter = [max(ranks) for ranks in timed]
@@ -171,7 +171,7 @@ def stats(run: TimingRun, clock: str) -> TimingStats:
         spin_us=run.spin_us,
         slowest_rank=max(range(len(rank_medians)), key=rank_medians.__getitem__) if rank_medians else 0,
         rank_medians_ms=rank_medians,
-        clock=clock,  # type: ignore[arg-type]
+        clock=clock,
         fresh_median_ms=statistics.median(fresh) if fresh else None,
         fresh_iterations=len(fresh),
         fresh_pair_median_ms=statistics.median(pairs) if pairs else None,

@@ -27,7 +27,8 @@ _IDLE = ("serve (harness/rank/worker.py", "harness/rank/worker.py:", "multiproce
 
 
 def _thread_blocks(stack: str) -> list[str]:
-    blocks, current = [], []
+    blocks: list[str] = []
+    current: list[str] = []
     for line in stack.splitlines():
         if line.startswith(("Thread ", "Current thread", "Process ")) and current:
             blocks.append("\n".join(current))

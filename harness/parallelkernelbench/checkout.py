@@ -271,7 +271,8 @@ class ReferenceModule(ModuleType):
         self.checkout = root
         self.reference_path = reference
         self.problem_id = problem_id
-        self.input_plans: dict[tuple, InputPlan] = {}
+        # (base shape, world size, rank, device type) -> the plan made at the first draw
+        self.input_plans: dict[tuple[tuple[int, ...], int, int, str], InputPlan] = {}
 
     def __getattr__(self, name: str) -> Any:  # only reached for attributes not set yet
         if name == "solution":
@@ -290,13 +291,13 @@ class ReferenceModule(ModuleType):
     def input_function(self) -> Callable[..., Any]:
         ensure_importable(self.checkout)
         module = importlib.import_module("utils.input_output_tensors")
-        fn = getattr(module, "create_input_tensor", None)
+        fn: object = getattr(module, "create_input_tensor", None)
         if not callable(fn):
             raise MalformedProblem(f"{self.checkout / INPUTS_FILE}: defines no create_input_tensor()")
         return fn
 
     def draw(self, base_shape: tuple[int, ...], rank: int, world_size: int, trial: int,
-             device: torch.device) -> tuple:
+             device: torch.device) -> tuple[Any, ...]:
         """The checkout's own inputs, without touching the caller's global RNG state (its generator reseeds it)."""
         devices = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
@@ -307,8 +308,8 @@ class ReferenceModule(ModuleType):
             return (value,)
         return tuple(value)
 
-    def make_inputs(self, shape: dict, rank: int, world_size: int, generator: torch.Generator,
-                    device: torch.device) -> tuple:
+    def make_inputs(self, shape: dict[str, Any], rank: int, world_size: int, generator: torch.Generator,
+                    device: torch.device) -> tuple[Any, ...]:
         device = torch.device(device)
         base_shape = tuple(int(d) for d in shape["base_shape"])
         trial = trial_of(generator, rank)

@@ -91,8 +91,10 @@ def _report_in_child(problem: Problem, shape: str, world_size: int, seed: int, f
         return InputReport(problem.name, shape, world_size, (),
                            f"inputs could not be examined ({first}; with a fake process group: {tail})")
     data = json.loads(lines[-1])
-    rows = {int(rank): [tuple(r) for r in rs] for rank, rs in data["rows"].items()}
-    return merge_rows(problem.name, shape, world_size, rows, data.get("error"))  # type: ignore[arg-type]
+    # the probe prints InputPlan.rows() of each rank: (input, action, reason) triples
+    rows: dict[int, list[tuple[str, str, str]]] = {int(rank): [tuple(r) for r in rs]
+                                                   for rank, rs in data["rows"].items()}
+    return merge_rows(problem.name, shape, world_size, rows, data.get("error"))
 
 
 def input_report(problem: Problem, shape: str = "small", world_size: int | None = None,

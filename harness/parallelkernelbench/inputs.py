@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +40,7 @@ MAX_DISTINCT_NAMED = 64  # above this many distinct values a constant is called 
 
 Key = int | str
 Where = tuple[Key, ...]  # where a value sits in the input tuple: (argument index, item index or key, ...)
+_Inputs = TypeVar("_Inputs")
 
 
 def where_text(path: Where) -> str:
@@ -199,8 +200,8 @@ def redraw(t: torch.Tensor, trial_seed: int, path: Where, kind: str = FILL) -> t
     return out
 
 
-def apply_plan(inputs: Any, plan: InputPlan, trial_seed: int) -> Any:
-    """The inputs with every tensor the plan perturbs re-drawn for this trial."""
+def apply_plan(inputs: _Inputs, plan: InputPlan, trial_seed: int) -> _Inputs:
+    """The inputs with every tensor the plan perturbs re-drawn for this trial (replace keeps container types)."""
     for path in plan.perturb:
         leaf = dict(leaves(inputs))[path]
         inputs = replace(inputs, path, redraw(leaf, trial_seed, path, plan.kinds.get(path, FILL)))

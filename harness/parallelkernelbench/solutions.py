@@ -189,9 +189,9 @@ def match_files(problems: Sequence[Problem], directory: str | Path) -> list[Matc
     claimed = {m.problem for m in decided.values() if m.problem is not None}
     for name, (pid, words, sig, why_not) in sorted(pending.items()):
         unclaimed = [r for r in refs if r.problem.name not in claimed]
-        decided[name] = _by_signature(name, pid, words, sig, why_not, unclaimed)
-        if decided[name].problem is not None:
-            claimed.add(decided[name].problem)
+        match = decided[name] = _by_signature(name, pid, words, sig, why_not, unclaimed)
+        if match.problem is not None:
+            claimed.add(match.problem)
     return [decided[k] for k in sorted(decided, key=_natural)]
 
 

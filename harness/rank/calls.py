@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 # Bound at import, before any candidate exists.
-_cuda_sleep = torch.cuda._sleep
+_cuda_sleep: Callable[[int], None] = torch.cuda._sleep  # torch leaves _sleep(cycles) unannotated
 _cuda_synchronize = torch.cuda.synchronize
 _sleep = time.sleep
 SM_CYCLES_PER_S = 1.98e9  # H200 SM clock under load; a device spin is sized in cycles
@@ -118,7 +118,7 @@ def delay(seconds: float, device: torch.device) -> None:
         _sleep(seconds)
 
 
-def call_with_snapshots(call: Callable[..., Any], args: tuple, device: torch.device, lazy_delay_s: float,
+def call_with_snapshots(call: Callable[..., Any], args: tuple[Any, ...], device: torch.device, lazy_delay_s: float,
                         busy_bytes: int, plain: Callable[[Any], bool]) -> tuple[Any, Any, Any]:
     """One call whose outputs are copied on the caller's stream the moment it returns, and again once all
     work on the device is done (GPU) or after a pause (CPU). Returns (live, at_return, later); the copies

@@ -65,7 +65,7 @@ def watch_builds(worker: Worker) -> None:
         finally:
             worker.monitor.report("build_end")
 
-    jit_compile.__pkb_builds__ = True  # type: ignore[attr-defined]
+    jit_compile.__pkb_builds__ = True  # type: ignore[attr-defined]  # a marker; a function type has no such field
     cpp_extension._jit_compile = jit_compile
 
 

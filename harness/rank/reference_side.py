@@ -41,7 +41,8 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def probe_inputs(worker: Worker, problem: Problem, shape: dict, seed: int, rank: int | None = None) -> tuple:
+def probe_inputs(worker: Worker, problem: Problem, shape: dict[str, Any], seed: int,
+                 rank: int | None = None) -> tuple[Any, ...]:
     """The precision probe's inputs of `rank`: its ordinary draw with the main tensors replaced."""
     rank = worker.rank if rank is None else rank
     base = worker.inputs(problem, shape, seed, integrity.PROBE_TRIAL, rank)
@@ -50,7 +51,7 @@ def probe_inputs(worker: Worker, problem: Problem, shape: dict, seed: int, rank:
     return integrity.precision_probe_inputs(base, problem.dtype, gen)
 
 
-def _probe_validity(worker: Worker, problem: Problem, shape: dict, seed: int, expected: Any) -> str | None:
+def _probe_validity(worker: Worker, problem: Problem, shape: dict[str, Any], seed: int, expected: Any) -> str | None:
     """None when the reference is itself exact enough on the probe inputs (it matches the oracle within
     half the tolerance), else why the probe cannot judge this problem."""
     from harness.judge.compare import compare_outputs  # trusted rank: no candidate code here
@@ -77,7 +78,8 @@ class ReferenceOutputError(RuntimeError):
     pass
 
 
-def _run_reference(worker: Worker, problem: Problem, inputs: tuple, folder: Path, stem: str) -> dict[str, Any]:
+def _run_reference(worker: Worker, problem: Problem, inputs: tuple[Any, ...], folder: Path,
+                   stem: str) -> dict[str, Any]:
     """Save the inputs, run the reference on a copy, save its output (and its inputs if it changed them)."""
     before = fingerprint(inputs)
     groups = transport.save_inputs(folder / f"in-{stem}-r{worker.rank}.pt", inputs)
@@ -179,6 +181,9 @@ def validate(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
 
     problem = worker.problem(req["problem"])
     shape = problem.shape(req["shape"])
+    oracle = problem.oracle
+    if oracle is None:  # loading checked it is there; every rank sees the same problem, so all return here
+        return _fail(failures.INFRA_ERROR, "the problem has no oracle")
     worst = 0.0
     failure: dict[str, Any] | None = None
     for trial in range(req["trials"]):
@@ -188,7 +193,7 @@ def validate(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         # Every rank's inputs, drawn on this device (a CUDA generator's stream differs from the CPU's),
         # then handed to the oracle on the CPU.
         everyone = [_to_cpu(worker.inputs(problem, shape, req["seed"], trial, r)) for r in range(worker.world_size)]
-        expected = problem.oracle(shape, worker.world_size, everyone)
+        expected = oracle(shape, worker.world_size, everyone)
         if failure is not None:
             continue
         if len(expected) != worker.world_size:

@@ -33,7 +33,7 @@ _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
 _elapsed_time = torch.cuda.Event.elapsed_time
 _cuda_synchronize = torch.cuda.synchronize
-_cuda_sleep = torch.cuda._sleep
+_cuda_sleep: Callable[[int], None] = torch.cuda._sleep  # torch leaves _sleep(cycles) unannotated
 _all_reduce = dist.all_reduce
 _barrier = dist.barrier
 
@@ -42,9 +42,9 @@ KINDS = ("warmup", "timed", "host", "fresh")
 
 def input_sets_needed(set_bytes: int, l2_bytes: int, config: dict[str, Any], free_bytes: int) -> int:
     """Enough distinct input sets that one pass over them is more than 3x the L2 size."""
-    want = max(config.get("min_input_sets", 2), math.ceil(3 * l2_bytes / max(set_bytes, 1)) + 1)
+    want = max(int(config.get("min_input_sets", 2)), math.ceil(3 * l2_bytes / max(set_bytes, 1)) + 1)
     affordable = max(1, int(config.get("input_memory_fraction", 0.25) * free_bytes) // max(set_bytes, 1))
-    return max(1, min(want, config.get("max_input_sets", 64), affordable))
+    return max(1, min(want, int(config.get("max_input_sets", 64)), affordable))
 
 
 def device_barrier(device: torch.device, token: torch.Tensor) -> None:
@@ -77,8 +77,8 @@ def l2_and_free(device: torch.device) -> tuple[int, int]:
 class TimedSession:
     """The input sets of one timing phase on this rank and the call under test."""
 
-    def __init__(self, fn: Callable[..., Any], sets: list[tuple], fresh: list[tuple], device: torch.device,
-                 plain: Callable[[Any], str | None], clone: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], sets: list[tuple[Any, ...]], fresh: list[tuple[Any, ...]],
+                 device: torch.device, plain: Callable[[Any], str | None], clone: bool = False) -> None:
         """`clone`: give every call a fresh copy of its input set (made before the flush, outside the timed
         window), for problems whose reference modifies its inputs: without it each call would see the
         previous call's leftovers, and no output could be checked."""
@@ -106,7 +106,7 @@ class TimedSession:
             return 0
         return transport.write_tree(Path(path), kept)
 
-    def _inputs(self, kind: str, index: int) -> tuple:
+    def _inputs(self, kind: str, index: int) -> tuple[Any, ...]:
         group = self.fresh if kind == "fresh" else self.sets
         if not 0 <= index < len(group):
             raise IndexError(f"no {kind} input set {index}")

@@ -183,7 +183,9 @@ def parse_tree(data: bytes) -> Any:
     def tensor(node: Any) -> torch.Tensor:
         if not isinstance(node, dict):
             raise TransportError("bad tensor entry")
-        dtype = DTYPES.get(node.get("dtype"))  # type: ignore[arg-type]
+        # Only a string can name a dtype; an unhashable one (a list) would raise TypeError, not TransportError.
+        name = node.get("dtype")
+        dtype = DTYPES.get(name) if isinstance(name, str) else None
         if dtype is None:
             raise TransportError(f"dtype {node.get('dtype')!r} is not allowed")
         shape = node.get("shape")
@@ -215,7 +217,10 @@ def parse_tree(data: bytes) -> Any:
             if indices.numel() and (bool((indices < 0).any()) or indices.shape[0] > len(dims) or any(
                     int(indices[i].max()) >= dims[i] for i in range(indices.shape[0]))):
                 raise TransportError("sparse indices out of range")
-            return torch.sparse_coo_tensor(indices, values, dims, check_invariants=True).coalesce()
+            try:  # what the checks above do not cover (e.g. a shape the indices and values cannot fill)
+                return torch.sparse_coo_tensor(indices, values, dims, check_invariants=True).coalesce()
+            except (RuntimeError, ValueError, TypeError) as err:
+                raise TransportError(f"bad sparse tensor: {str(err).splitlines()[0] if str(err) else err!r}") from None
         if "seq" in node:
             if not isinstance(node["seq"], list):
                 raise TransportError("bad sequence")
@@ -293,7 +298,7 @@ def _as_ref(value: Any) -> Any:
     return value
 
 
-def save_inputs(path: Path, inputs: tuple) -> list[GroupRef]:
+def save_inputs(path: Path, inputs: tuple[Any, ...]) -> list[GroupRef]:
     """torch.save one rank's inputs with process groups replaced by GroupRefs; returns those refs."""
     refs: list[GroupRef] = []
 
@@ -307,7 +312,7 @@ def save_inputs(path: Path, inputs: tuple) -> list[GroupRef]:
     return refs
 
 
-def load_inputs(path: Path, device: torch.device, groups: dict[tuple[int, ...] | None, Any]) -> tuple:
+def load_inputs(path: Path, device: torch.device, groups: dict[tuple[int, ...] | None, Any]) -> tuple[Any, ...]:
     """Inputs written by save_inputs, on `device`, with each GroupRef replaced by the group in `groups`."""
     value = torch.load(path, map_location=device, weights_only=False)
 

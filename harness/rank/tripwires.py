@@ -81,6 +81,8 @@ class CollectiveMonitor:
 
         counted.__name__ = counted.__qualname__ = name
         counted.__doc__ = fn.__doc__
+        # Markers on the function object (functools.wraps sets __wrapped__ the same way); a function's type
+        # declares neither.
         counted.__wrapped__ = fn  # type: ignore[attr-defined]
         counted.__pkb_monitor__ = True  # type: ignore[attr-defined]
         return counted
@@ -96,7 +98,8 @@ class CollectiveMonitor:
         total = 0
         for group in groups:
             try:
-                total += int(group._get_sequence_number_for_group())
+                # torch's stub (_C/_distributed_c10d.pyi) lists only the setter; the getter exists at runtime.
+                total += int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
             except Exception:
                 continue
         return total

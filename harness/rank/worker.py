@@ -70,7 +70,8 @@ class Worker:
         self.candidate_calls = 0
         self.groups: dict[tuple[int, ...] | None, Any] = {}
         self.timing: TimedSession | None = None
-        self.timing_sets: tuple[list[tuple], list[tuple]] | None = None  # trusted: the sets ref_sets drew
+        # trusted: the sets ref_sets drew
+        self.timing_sets: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]] | None = None
         self.previous: tuple[Any, Any] | None = None  # candidate: last call's live output and its copy
         self.baseline_threads: set[int] = set()
 
@@ -101,8 +102,8 @@ class Worker:
             self.problems[spec] = load_problem_spec(spec)
         return self.problems[spec]
 
-    def inputs(self, problem: Problem, shape: dict, seed: int, trial: int, rank: int | None = None,
-               device: torch.device | None = None) -> tuple:
+    def inputs(self, problem: Problem, shape: dict[str, Any], seed: int, trial: int, rank: int | None = None,
+               device: torch.device | None = None) -> tuple[Any, ...]:
         rank = self.rank if rank is None else rank
         device = device or self.device
         gen = torch.Generator(device=device)

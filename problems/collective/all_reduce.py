@@ -23,7 +23,7 @@ PROBLEM = {
         "decode": {"tokens": 32, "hidden": 8192},  # 512 KiB: decode step
         "1mib": {"tokens": 64, "hidden": 8192},  # 1 MiB: the top of the latency-bound range
         "large": {"tokens": 16384, "hidden": 8192},  # 256 MiB: bandwidth bound (gradient-bucket sized)
-        "1gib": {"tokens": 65536, "hidden": 8192},  # 1 GiB: the roofline calibration point (DESIGN.md)
+        "1gib": {"tokens": 65536, "hidden": 8192},  # 1 GiB: the roofline calibration point (docs/design.md)
         "small": {"tokens": 8, "hidden": 64},
     },
     "world_sizes": [2, 4, 8],
