@@ -31,7 +31,8 @@ from typing import Any
 
 from harness import channel, failures
 from harness.builds import may_build
-from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, cache_root, worker_env
+from harness.cache_dir import cache_root
+from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
 
 MAX_ERROR_CHARS = 3000

@@ -206,10 +206,10 @@ class _Evaluation:
             # bootstrap) during candidate calls, which no in-process counter can wind back.
             traffic = self.evidence.setdefault("loopback_bytes", {})
             traffic[phase] = traffic.get(phase, 0) + loopback
-            self.flags.append(integrity.USES_NCCL)
+            self.flags.append(integrity.USES_TORCH_COLLECTIVES)
         if seen:
             self.evidence.setdefault("collectives", {}).setdefault(phase, {}).update(seen)
-            self.flags.append(integrity.USES_NCCL)
+            self.flags.append(integrity.USES_TORCH_COLLECTIVES)
 
     # -- phases -------------------------------------------------------------------------------
     def compile(self) -> bool:

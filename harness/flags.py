@@ -7,7 +7,9 @@ sets them) re-exports them.
 from collections.abc import Mapping
 from typing import Any
 
-USES_NCCL = "uses_nccl"  # torch.distributed collectives inside solution() after its first call
+# torch.distributed collectives inside solution() after its first call, on any backend (NCCL, gloo)
+USES_TORCH_COLLECTIVES = "uses_torch_collectives"
+LEGACY_USES_NCCL = "uses_nccl"  # the same flag in records written before 2026-12-01
 TAMPERING = "tampering"  # harness/runtime callables replaced, or a forged reply on the harness channel
 LAZY_OUTPUT = "lazy_output"  # output not plain, or completed/changed after the call returned
 UNSYNCHRONIZED_WORK = "unsynchronized_work"  # GPU: output incomplete on the caller's stream at return
@@ -26,8 +28,8 @@ EMULATED = "emulated"  # ranks shared a GPU (harness.emulation): the timings are
 
 # A correct candidate with one of these flags is never counted as fast (its speedup is not trusted).
 SPEEDUP_DISQUALIFIERS = frozenset({
-    USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING, TIMING_IMPLAUSIBLE, IMPOSSIBLE,
-    TIMING_INCONSISTENT, EMULATED,
+    USES_TORCH_COLLECTIVES, LEGACY_USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING,
+    TIMING_IMPLAUSIBLE, IMPOSSIBLE, TIMING_INCONSISTENT, EMULATED,
     "static:harness_access", "static:introspection", "static:monkeypatch", "static:fd_access",
 })
 

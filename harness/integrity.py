@@ -34,7 +34,7 @@ from harness.flags import (  # the flags' names, re-exported (harness.flags has 
     TIMING_IMPLAUSIBLE,
     TIMING_INCONSISTENT,
     UNSYNCHRONIZED_WORK,
-    USES_NCCL,
+    USES_TORCH_COLLECTIVES,
 )
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ __all__ = [
     "FRESH_TRIAL_OFFSET", "IMPOSSIBLE", "INPUT_CACHING", "IntegrityConfig", "LAZY_OUTPUT", "MUTATES_INPUTS",
     "OUTPUT_REUSED", "PROBE_TRIAL", "RACE", "REDUCED_PRECISION", "SPAWNED_THREADS", "SPEEDUP_DISQUALIFIERS",
     "STALE_OUTPUT", "STRESS_TRIAL_BASE", "TAMPERING", "TIMED_OUTPUT_WRONG", "TIMING_IMPLAUSIBLE", "TIMING_INCONSISTENT",
-    "UNSYNCHRONIZED_WORK", "USES_NCCL", "mixed_seed", "precision_probe_inputs", "probe_seed",
+    "UNSYNCHRONIZED_WORK", "USES_TORCH_COLLECTIVES", "mixed_seed", "precision_probe_inputs", "probe_seed",
 ]
 
 # Trial numbers of the extra correctness trials: far from the T ordinary ones and from timing's sets.

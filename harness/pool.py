@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, TypeGuard, cast
 
 from harness import channel, failures
+from harness.cache_dir import cache_root
 from harness.emulation import layout
 from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 
@@ -817,7 +818,3 @@ class RankPool:
         text = "\n".join(f"[rank {r.rank} log]\n{self._log_tail(r)}" for r in self.ranks if r.rank in ranks)
         return text + (f"\n[sandbox]\n{sandbox}" if sandbox.strip() else "")
 
-
-def cache_root() -> Path:
-    """The harness's cache folder (reference timings, extension builds, keys): hidden from sandboxes."""
-    return Path(os.environ.get("PKB_CACHE_DIR", Path.home() / ".cache" / "pkb-agent"))

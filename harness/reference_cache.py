@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness.cache_dir import cache_root
 from harness.results import TimingStats
 
 
 def cache_file() -> Path:
-    root = Path(os.environ.get("PKB_CACHE_DIR", Path.home() / ".cache" / "pkb-agent"))
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root / "reference_timings.json"
 

@@ -128,8 +128,8 @@ class EvalResult(BaseModel):
     roofline: dict[str, Any] | None = None
     flags: list[str] = Field(default_factory=list)
     fast_eligible: bool = Field(
-        True, description="False when a flag (harness.integrity.SPEEDUP_DISQUALIFIERS: uses_nccl, impossible, "
-                          "input_caching, ...) means the speedup must not count toward fast_p")
+        True, description="False when a flag (harness.integrity.SPEEDUP_DISQUALIFIERS: uses_torch_collectives, "
+                          "impossible, input_caching, ...) means the speedup must not count toward fast_p")
     emulated: bool = Field(False, description="ranks shared GPUs with symmetric memory emulated: the timings "
                                               "are not speedups and never count as fast")
     integrity: dict[str, Any] = Field(

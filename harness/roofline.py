@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from harness.cache_dir import cache_root
 from harness.config import TimingConfig
 from harness.hardware import REFERENCE_CEILINGS, REFERENCE_SOURCE
 from harness.judge.reference import ReferenceFailed, time_reference_in_pool
@@ -353,7 +354,7 @@ def trace_cache_path(problem: Problem, shape: str, world_size: int, device: str)
     and the tracing rules themselves, so any change to one of them traces again."""
     rules = hashlib.sha256(Path(__file__).with_name("tracing.py").read_bytes()).hexdigest()[:12]
     key = "|".join([problem.name, problem.source_sha256[:16], shape, str(world_size), device, torch.__version__, rules])
-    root = Path(os.environ.get("PKB_CACHE_DIR", Path.home() / ".cache" / "pkb-agent")) / "roofline"
+    root = cache_root() / "roofline"
     return root / f"{problem.name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 

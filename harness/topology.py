@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
+from harness.cache_dir import cache_root
 from harness.config import TimingConfig
 from harness.environment import hardware_key
 from harness.hardware import datasheet
@@ -639,7 +640,7 @@ def calibrate(world_size: int | None = None, *, copy_bytes: int = GiB, matmul_n:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("PKB_CACHE_DIR", Path.home() / ".cache" / "pkb-agent")) / "topology.json"
+    return cache_root() / "topology.json"
 
 
 def save(profile: Profile, path: Path | None = None) -> Path:

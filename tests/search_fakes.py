@@ -6,7 +6,7 @@ error, a rank that waits in a barrier alone, an unknown helper, a halved result 
 in every call), and for a correct kernel a time that is a fixed function of its annotated tunables and
 its variant, with a little noise drawn from the source and the seed (so a rescore on a fresh seed moves
 a little, as a real one does). A barrier in every call makes a kernel look twice as fast and carries the
-`uses_nccl` flag: the search must never breed from it. `bound` is a roofline record of a fixed 0.01 ms.
+`uses_torch_collectives` flag: the search must never breed from it. `bound` is a roofline record of a fixed 0.01 ms.
 
 PKB_FAKE_EVAL_DELAY (seconds) slows each evaluation down, so that a test can kill a search mid-way.
 `pkb search --evaluator tests.search_fakes` uses this module.
@@ -23,7 +23,7 @@ from typing import Any
 from agent.search import tunables
 from harness import failures
 from harness.config import EvalConfig
-from harness.flags import USES_NCCL, fast_eligible
+from harness.flags import USES_TORCH_COLLECTIVES, fast_eligible
 from harness.problem import Problem
 from harness.results import CandidateInfo, EvalResult, Failure, Timings, TimingStats
 
@@ -68,7 +68,7 @@ def verdict_of(source: str) -> tuple[str, str, list[str]]:
     if "range(2, world)" in source or ") * 0.5" in source:
         return failures.OUTPUT_MISMATCH, "rank 0, trial 0: values differ (max abs err 1.2)", []
     if "barrier()  # keep the ranks in step" in source:
-        return failures.CORRECT, "", [USES_NCCL]
+        return failures.CORRECT, "", [USES_TORCH_COLLECTIVES]
     return failures.CORRECT, "", []
 
 

@@ -38,7 +38,7 @@ def test_correct_alternative_is_correct_and_timed(all_reduce):
     assert set(r.stages) >= {"compile", "launch", "load", "check", "timing"}
     assert r.max_abs_err is not None and r.max_abs_err < 0.05
     # It all-gathers inside solution(): correct, flagged, and never counted as fast.
-    assert "uses_nccl" in r.flags and not r.fast_eligible and r.counted_speedup is None
+    assert "uses_torch_collectives" in r.flags and not r.fast_eligible and r.counted_speedup is None
     assert all(c["calls"].get("all_gather", 0) > 0 for c in r.integrity["collectives"]["check"].values())
     assert r.timings.candidate.fresh_iterations == 5 and r.timings.candidate.fresh_median_ms > 0
 
@@ -137,6 +137,17 @@ def test_cli_eval_json_and_exit_codes(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["verdict"] == "shape_mismatch"
     assert json.loads(Path(out).read_text())["verdict"] == "shape_mismatch"
+
+
+def test_cli_eval_reuses_the_reference_timing_unless_asked_for_a_fresh_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache of this test's own
+    args = ["eval", "--problem", "all_reduce", "--solution", str(CANDIDATES / "correct_all_gather_sum.py"),
+            "--trials", "2", "--json"]
+    cached = []
+    for extra in ([], [], ["--fresh-reference"]):
+        assert pkb(args + extra) == 0
+        cached.append(json.loads(capsys.readouterr().out)["timings"]["reference"]["cached"])
+    assert cached == [False, True, False]
 
 
 def test_one_rank_asleep_with_its_peers_in_a_barrier_is_deadlock_with_stacks(all_reduce):

@@ -80,15 +80,16 @@ def test_fast_p_counts_only_correct_and_faster_samples():
 
 
 def test_a_correct_sample_that_is_not_fast_eligible_is_never_fast():
-    """uses_nccl, impossible, input_caching...: correct (pass@k counts it), never fast, and its speedup
+    """uses_torch_collectives, impossible, input_caching...: correct (pass@k counts it), never fast, and its speedup
     stays out of speedup statistics. A record without `fast_eligible` is judged by its flags."""
-    rows = [sample("a", 0, "correct", 3.0, fast_eligible=False, flags=["uses_nccl"]),
+    rows = [sample("a", 0, "correct", 3.0, fast_eligible=False, flags=["uses_torch_collectives"]),
             sample("a", 1, "correct", 2.0, fast_eligible=True, flags=["output_reused"]),
             sample("a", 2, "correct", 5.0, flags=["impossible"]),  # an older record: no fast_eligible
             sample("a", 3, "correct", 1.5, flags=[])]
     assert [metrics.is_fast(r, 1.0) for r in rows] == [False, True, False, True]
     assert [metrics.counted_speedup(r) for r in rows] == [None, 2.0, None, 1.5]
     assert not metrics.is_fast(sample("b", 0, "output_mismatch", 9.0, fast_eligible=True), 1.0)
+    assert not metrics.is_fast(sample("c", 0, "correct", 3.0, flags=["uses_nccl"]), 1.0)  # the flag's old name
     assert not metrics.is_fast(sample("b", 1, "correct", None, fast_eligible=True), 0.0)
     (score,) = score_problems(rows)["zero-shot"]
     assert (score.correct, score.speedups, score.not_counted) == (4, (2.0, 1.5), 2)

@@ -203,6 +203,12 @@ def test_solutions_dir_without_matching_files_is_one_clear_line(tmp_path: Path):
         solution_sets.solutions_for(tmp_path / "absent")
     assert solution_sets.solution_set_info(SOLUTIONS) == {
         "backend": "cuda", "precision": "bf16", "hardware": "cpu", "provider": "scripted", "model": "demo"}
+    # The recorded sets' names: the hardware carries its GPU count.
+    assert solution_sets.solution_set_info(tmp_path / "solutions_cuda_bf16_h100_8_openai_gpt-5.5") == {
+        "backend": "cuda", "precision": "bf16", "hardware": "h100_8", "provider": "openai", "model": "gpt-5.5"}
+    assert solution_sets.solution_set_info("solutions_triton_bf16_h100_8_google_gemini-3-pro-preview") == {
+        "backend": "triton", "precision": "bf16", "hardware": "h100_8", "provider": "google",
+        "model": "gemini-3-pro-preview"}
 
 
 def test_cli_source(tmp_path: Path):

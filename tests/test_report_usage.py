@@ -122,20 +122,20 @@ def test_k_of_a_run_without_a_fixed_sample_count_keeps_every_problem(tmp_path: P
 
 
 def test_speedups_an_integrity_flag_disqualifies_are_said_not_to_count(tmp_path: Path, capsys):
-    """A correct sample flagged uses_nccl keeps its measured speedup in sample.json, but it is not fast: the
-    report leaves it out of fast_p and the speedup figures and says so, with the flag."""
+    """A correct sample flagged uses_torch_collectives keeps its measured speedup in sample.json, but it is not
+    fast: the report leaves it out of fast_p and the speedup figures and says so, with the flag."""
     run = make_run(tmp_path)
     for k in (0, 1):  # the agent's 1.6x and 1.3x on all_reduce
         sample = run / "samples" / "all_reduce" / "agent:check+compile" / str(k) / "sample.json"
         record = json.loads(sample.read_text())
-        sample.write_text(json.dumps({**record, "flags": ["uses_nccl", "spawned_threads"]}))
+        sample.write_text(json.dumps({**record, "flags": ["uses_torch_collectives", "spawned_threads"]}))
     data = report_json(capsys, run)
     agent = {a["condition"]: a for a in data["arms"]}["agent:check+compile"]
-    assert agent["speedups_not_counted"] == {"samples": 2, "flags": {"uses_nccl": 2}}
+    assert agent["speedups_not_counted"] == {"samples": 2, "flags": {"uses_torch_collectives": 2}}
     assert sorted(agent["speedups"]) == [0.9, 1.1, 1.4, 1.9, 2.4]
     assert agent["pass_at_k"]["mean"] == 1.0  # still correct
     assert agent["fast_1_5_at_k"]["mean"] == pytest.approx(1 / 3)  # only ulysses' 2.4x/1.9x now
     assert data["notes"] == ["agent:check+compile: the speedups of 2 correct sample(s) do not count toward "
-                             "fast_p or the speedup figures (uses_nccl ×2)"]
+                             "fast_p or the speedup figures (uses_torch_collectives ×2)"]
     page = to_html(build([read_run(run)]))
     assert page.count("x (not counted)") == 2 and "1.60x (not counted)" in page

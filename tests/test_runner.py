@@ -127,14 +127,14 @@ def test_concurrent_samples_never_evaluate_at_once_beyond_the_scheduler(tmp_path
 
 
 def test_sample_json_carries_the_results_fast_eligible_flag():
-    """An integrity flag (uses_nccl, ...) makes a correct, faster candidate not count toward fast_p: sample.json
-    says so beside the verdict; results from before the harness had the field count as eligible."""
+    """An integrity flag (uses_torch_collectives, ...) makes a correct, faster candidate not count toward fast_p:
+    sample.json says so beside the verdict; results from before the harness had the field count as eligible."""
     from agent.conditions import parse_condition
     from agent.runner import SampleSpec, sample_record
     from harness.registry import get, load_suite
 
     spec = SampleSpec(get(load_suite(), "all_reduce"), parse_condition("zero-shot"), 0)
-    result = {"verdict": "correct", "correct": True, "speedup": 1.8, "flags": ["uses_nccl"], "seed": 1}
+    result = {"verdict": "correct", "correct": True, "speedup": 1.8, "flags": ["uses_torch_collectives"], "seed": 1}
 
     def record(**fields: Any) -> dict[str, Any]:
         return sample_record(spec, "scripted:test", status="finished", started_at="t",
@@ -144,7 +144,7 @@ def test_sample_json_carries_the_results_fast_eligible_flag():
     assert record(fast_eligible=True)["fast_eligible"] is True
     assert record()["fast_eligible"] is True  # written before the field existed
     flagged = record(fast_eligible=False)
-    assert flagged["correct"] and flagged["speedup"] == 1.8 and flagged["flags"] == ["uses_nccl"]
+    assert flagged["correct"] and flagged["speedup"] == 1.8 and flagged["flags"] == ["uses_torch_collectives"]
     assert sample_record(spec, "scripted:test", status="finished", started_at="t")["fast_eligible"] is False
 
 

@@ -177,7 +177,7 @@ def test_untrusted_kernels_never_breed_in_a_whole_search(tmp_path: Path, suite: 
     with archive(directory) as a:
         rows = {c.id: c for c in a.candidates()}
     flagged = [c for c in rows.values() if c.correct and not c.trusted]
-    assert flagged and all("uses_nccl" in c.flags for c in flagged)
+    assert flagged and all("uses_torch_collectives" in c.flags for c in flagged)
     trusted_speeds = sorted(c.speedup or 0 for c in rows.values() if c.trusted)
     assert max(c.speedup or 0 for c in flagged) > trusted_speeds[len(trusted_speeds) // 2]  # tempting parents
     for c in rows.values():

@@ -67,7 +67,7 @@ def test_untrusted_candidates_are_never_parents(name: str) -> None:
             trusted = rng.random() < 0.5
             # untrusted ones are the fastest: a naive search would breed from them
             snapshot.append(cand(i, rng.uniform(5, 10) if not trusted else rng.uniform(0.1, 2), trusted=trusted,
-                                 island=i % 2, flags=[] if trusted else ["uses_nccl"]))
+                                 island=i % 2, flags=[] if trusted else ["uses_torch_collectives"]))
         choice = strategies.choose(config, len(snapshot), snapshot, Counter(), [], rng)
         allowed = {c.id for c in snapshot if c.trusted}
         assert set(choice.parents) <= allowed, (trial, choice)
@@ -132,7 +132,7 @@ def test_stop_rules_in_order_with_their_details() -> None:
 
 def test_patience_counts_candidates_since_the_last_real_gain() -> None:
     seq = [cand(0, 1.0), cand(1, None, trusted=False, verdict="output_mismatch"), cand(2, 1.01), cand(3, 1.5),
-           cand(4, 1.52), cand(5, 0.2), cand(6, 9.0, trusted=False, flags=["uses_nccl"])]
+           cand(4, 1.52), cand(5, 0.2), cand(6, 9.0, trusted=False, flags=["uses_torch_collectives"])]
     stale, top = stopping.since_improvement(seq, min_gain=0.02)
     assert (stale, top) == (3, 1.52)  # 1.01 and 1.52 are below the 2% gain; the flagged 9x counts for nothing
     assert stopping.problem_stop(seq, StopConfig(patience=3), Limits(), budget.Spent()) is not None

@@ -42,7 +42,7 @@ FLAG_HINTS = {
     "race": "correct when the ranks run in step, wrong when one rank is late: a missing or one-sided barrier, "
             "or a buffer reused while a peer still reads it",
     "reduced_precision": "fails a precision probe although random inputs pass: accumulate in fp32, round once",
-    "uses_nccl": "torch.distributed / NCCL collectives ran inside solution() after the first call",
+    "uses_torch_collectives": "torch.distributed collectives (NCCL, gloo) ran inside solution() after the first call",
     "unsynchronized_work": "the output was not complete on the caller's stream when solution returned: launch "
                            "on torch.cuda.current_stream() and join side streams back",
     "lazy_output": "the output was not a plain finished tensor, or it changed after the call returned",

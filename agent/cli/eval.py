@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-timing", action="store_true", help="check correctness only")
+    p.add_argument("--fresh-reference", action="store_true",
+                   help="time the reference again instead of reusing its cached timing (~/.cache/pkb-agent)")
     p.add_argument("--check-timeout", type=float, default=None, help="seconds the correctness phase may take")
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
     p.add_argument("--out", default=None, help="also write the result JSON to this file")
@@ -63,6 +65,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise CliError(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
                            f"{torch.cuda.device_count()} visible (or share them: --ranks-per-gpu)")
     config = EvalConfig(trials=args.trials, seed=args.seed, skip_timing=args.no_timing,
+                        use_reference_cache=not args.fresh_reference,
                         timing=TimingConfig.for_device(args.device), **layout.eval_config_fields(args.ranks_per_gpu))
     if args.check_timeout:
         config.limits.check_s = args.check_timeout

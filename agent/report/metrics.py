@@ -9,7 +9,7 @@ left out of n. Per problem with n samples of which c are correct:
     fast_p@k = the same with f = samples that are correct AND have a measured speedup > p that counts
 
 A speedup counts unless the sample is flagged not fast-eligible (`fast_eligible: false` in the record,
-or, in a record without that field, a flag of harness.flags.SPEEDUP_DISQUALIFIERS such as uses_nccl or
+or, in a record without that field, a flag of harness.flags.SPEEDUP_DISQUALIFIERS such as uses_torch_collectives or
 impossible), or comes from an emulated evaluation (`emulated: true`: ranks shared a GPU, so its timing
 says nothing about the interconnect): such a sample is correct, and never fast. Speedup statistics use
 counted speedups only.
@@ -105,7 +105,7 @@ def counted_speedup(record: SampleRecord) -> float | None:
 
 
 def is_fast(record: SampleRecord, p: float) -> bool:
-    """Correct, with a speedup above p that counts: a correct sample flagged uses_nccl, impossible,
+    """Correct, with a speedup above p that counts: a correct sample flagged uses_torch_collectives, impossible,
     input_caching, ... is never fast, whatever it measured."""
     speedup = counted_speedup(record)
     return speedup is not None and speedup > p
@@ -121,8 +121,8 @@ def scored(records: Iterable[SampleRecord]) -> list[SampleRecord]:
 
 
 def uncounted_speedups(records: Iterable[SampleRecord]) -> dict[str, Any]:
-    """Correct, timed, finished samples whose speedup does not count (an integrity flag: uses_nccl, ...), with
-    how often each disqualifying flag was raised. Without this a correct arm's empty fast_p reads as slow."""
+    """Correct, timed, finished samples whose speedup does not count (an integrity flag: uses_torch_collectives,
+    ...), with how often each disqualifying flag was raised. Without this a correct arm's empty fast_p reads as slow."""
     flags: Counter[str] = Counter()
     n = 0
     for r in finished(records):

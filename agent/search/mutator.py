@@ -12,7 +12,7 @@ the whole file in a ```python block, with token usage. What it changes:
   problem, with a few edits;
 - at the configured rates, a failure instead: a syntax error, a wrong answer, a hang (one rank waits in a
   barrier its peers never join), a runtime error, a collective in the timed call (correct, but flagged
-  `uses_nccl`), or a reply without code.
+  `uses_torch_collectives`), or a reply without code.
 
 The library is the expert solutions (problems/*/solutions/<problem>__*.py) on CUDA, and the CPU families
 (agent/search/cpu_kernels/) on CPU, where the CUDA experts cannot run. Every draw comes from a
@@ -254,7 +254,7 @@ def runtime_error(source: str) -> tuple[str, str] | None:
 
 
 def collective(source: str) -> tuple[str, str] | None:
-    """A torch.distributed barrier in every call: correct, and flagged uses_nccl by the harness."""
+    """A torch.distributed barrier in every call: correct, and flagged uses_torch_collectives by the harness."""
     out = _insert_in_solution(source, ["torch.distributed.barrier()  # keep the ranks in step"])
     return (out, "kept the ranks in step with a barrier") if out else None
 

@@ -39,7 +39,9 @@ UNMATCHED = "unmatched"
 RENAMES_FILE = Path(__file__).with_name("renames.json")
 BACKENDS = ("cuda", "triton", "parallelkittens")
 SOLUTION_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)_(cuda|triton|parallelkittens)\.py$")
-SOLUTION_SET_RE = re.compile(r"^solutions_(cuda|triton|parallelkittens)_([^_]+)_([^_]+)_([^_]+)_(.+)$")
+# solutions_<backend>_<precision>_<hardware>_<provider>_<model>; the hardware may carry a GPU count
+# (the recorded sets say h100_8).
+SOLUTION_SET_RE = re.compile(r"^solutions_(cuda|triton|parallelkittens)_([^_]+)_([^_]+?(?:_\d+)?)_([^_]+)_(.+)$")
 REFERENCE_STEM_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)$")
 
 
