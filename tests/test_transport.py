@@ -169,3 +169,14 @@ def test_hostile_headers_raise_transport_errors_only(tmp_path):
     for edit in (unhashable_dtype, sparse_shape_too_deep):
         with pytest.raises(transport.TransportError):
             transport.parse_tree(_with_header(good, edit))
+
+
+def test_tuple_subclasses_travel_as_tuples(tmp_path):
+    """torch.Size (PKB's 28 returns one) and torch.return_types named tuples come back as plain tuples."""
+    path = tmp_path / "out.bin"
+    top = torch.max(torch.tensor([[1.0, 5.0], [2.0, 0.0]]), dim=1)
+    transport.write_tree(path, (torch.Size([3, 4]), top))
+    size, (values, indices) = transport.parse_tree(path.read_bytes())
+    assert size == (3, 4) and type(size) is tuple
+    assert torch.equal(values, torch.tensor([5.0, 2.0])) and torch.equal(indices, torch.tensor([1, 0]))
+    assert compare_outputs((torch.Size([3, 4]),), ((3, 4),), 0.0, 0.0)["ok"]

@@ -61,7 +61,10 @@ def describe_unsupported(value: Any, where: str = "out") -> str | None:
         return None
     if isinstance(value, torch.Tensor):
         return f"{where} is a {kind.__module__}.{kind.__name__}, not a plain torch.Tensor"
-    if kind in (list, tuple):
+    # Subclasses too (torch.Size, the named tuples of torch.return_types): they travel as plain tuples
+    # and lists, which is all the judge compares. Encoding runs in the rank, so whatever such a class does
+    # happens where the candidate already runs.
+    if isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             issue = describe_unsupported(item, f"{where}[{i}]")
             if issue:
