@@ -85,6 +85,7 @@ def sample_files(run_dir: Path, problem: str, condition: str, k: int = 0) -> dic
 
 
 # -- end to end ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_scripted_agent_compile_check_bench_submit_matches_pkb_eval(tmp_path, capsys):
     model = scripted([("tool", "compile", {"source": CORRECT}), ("tool", "check", {"source": CORRECT}),
                       ("tool", "bench", {"source": CORRECT}), ("tool", "submit", {"source": CORRECT})])

@@ -178,6 +178,7 @@ class CountingScheduler:
             yield lease
 
 
+@pytest.mark.slow
 def test_local_executor_is_the_harness_inside_a_scheduler_lease(all_reduce):
     scheduler = CountingScheduler()
     executor = make_executor("local", scheduler=scheduler)
@@ -414,6 +415,7 @@ ONE_PER_VERDICT = ("api_error_no_solution.py", "compile_error_syntax.py", "corre
 
 
 @needs_ray
+@pytest.mark.slow
 def test_ray_gives_the_same_results_as_local(ray_executor, all_reduce, tmp_path):
     names = list(ONE_PER_VERDICT)
     requests = [request(all_reduce, CANDIDATES / n, log_dir=tmp_path / "ray" / n) for n in names]
@@ -453,6 +455,7 @@ def _stalled(marker: Path) -> tuple[int, list[int], list[Path]]:
 
 
 @needs_ray
+@pytest.mark.slow
 def test_a_killed_worker_is_retried_and_the_batch_completes(ray_executor, all_reduce, tmp_path):
     marker = tmp_path / "marker"
     marker.mkdir()
@@ -527,6 +530,7 @@ def executors_used(root: Path) -> list[str]:
 
 
 @needs_ray
+@pytest.mark.slow
 def test_a_scripted_run_gives_the_same_results_on_ray_as_local_and_resumes_across_executors(cluster, tmp_path,
                                                                                                capsys):
     runs = tmp_path / "runs"

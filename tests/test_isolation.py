@@ -252,6 +252,7 @@ def _native_candidate(folder: Path, name: str, source: str) -> Path:
 
 
 @pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja")), reason="needs a C++ compiler and ninja")
+@pytest.mark.slow
 def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_name_works(tmp_path):
     """The compiler blocks on an #include of a FIFO that never delivers: a compile that never ends. At
     the limit its whole session dies (ninja gave the compiler a process group of its own) and torch's
@@ -308,6 +309,7 @@ def test_guard_sees_replaced_functions_code_and_trace_hooks(monkeypatch):
     assert guard.violations() == []
 
 
+@pytest.mark.slow
 def test_after_a_hang_and_a_crash_the_next_evaluation_works(all_reduce, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(check_s=3, grace_s=1))

@@ -120,6 +120,7 @@ def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monk
                      ("assistant", None), ("tool", "check"), ("assistant", None), ("tool", "submit")]
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_thread_resumes_without_losing_or_redoing_samples(tmp_path):
     script = write_script(tmp_path / "script.json", [["tool", "compile", {"source": CORRECT}],
                                                      ["tool", "check", {"source": CORRECT}],
@@ -168,6 +169,7 @@ def test_a_run_killed_mid_thread_resumes_without_losing_or_redoing_samples(tmp_p
     assert resumed[0]["turns"] >= 1  # it picked up after the turns it had taken
 
 
+@pytest.mark.slow
 def test_random_sigkills_then_resume_give_the_same_final_metrics(tmp_path):
     script = write_script(tmp_path / "script.json", [["tool", "compile", {"source": CORRECT}],
                                                      ["tool", "submit", {"source": CORRECT}]])

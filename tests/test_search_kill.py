@@ -47,6 +47,7 @@ def evaluated(archive: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_search_ends_with_the_archive_of_an_uninterrupted_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = tmp_path / "runs"
