@@ -1,4 +1,4 @@
-"""harness.metrics: the estimators against hand-computed values, the bootstrap's coverage, paired comparison."""
+"""agent.report.metrics: the estimators against hand-computed values, the bootstrap's coverage, paired comparison."""
 
 from __future__ import annotations
 

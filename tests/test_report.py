@@ -312,7 +312,7 @@ def test_report_of_a_real_run_markdown_and_json(real_run: Path, tmp_path: Path, 
     correct = [s.record for s in run.samples if s.record.correct]
     assert all(r.speedup and r.speedup > 0 for r in correct)  # timed: on CPU any value
     # a speedup counts unless an integrity flag disqualifies it (on CPU the kernel's collectives are torch's:
-    # uses_torch_collectives); the report must agree with harness.metrics on which
+    # uses_torch_collectives); the report must agree with agent.report.metrics on which
     speedups = sorted(v for r in correct if (v := metrics.counted_speedup(r.metrics_view())) is not None)
     uncounted = len(correct) - len(speedups)
 

@@ -54,7 +54,7 @@ class SampleRecord(_Open):
     finished_at: str | None = None
 
     def metrics_view(self) -> dict[str, Any]:
-        """The plain mapping harness.metrics reads (sample.json's own keys)."""
+        """The plain mapping agent.report.metrics reads (sample.json's own keys)."""
         return self.model_dump(by_alias=True)
 
 

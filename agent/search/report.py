@@ -1,4 +1,4 @@
-"""`pkb report` on a search run: the morning report. Self-contained (the run report, agent/report.py, is
+"""`pkb report` on a search run: the morning report. Self-contained (the run report, agent/report/, is
 about samples and conditions; a search is about an archive).
 
 Per problem: the best kernel (the best on fresh seeds of the re-scored ones, with its median rescored
