@@ -7,12 +7,10 @@ fail to compile (the harness stops before any rank starts) and only the end-to-e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 
 from agent.budgets import (
@@ -29,48 +27,9 @@ from agent.cli import main as pkb
 from agent.conditions import AGENT_TOOLS, ConditionError, parse_condition, parse_conditions
 from agent.graph import SCORING_SEED_OFFSET, scoring_seed
 from agent.providers import ProviderError
-from agent.rundir import RunDir
-from agent.runner import RunConfig, Runner, create_run
-from agent.scheduler import DeviceScheduler
-from agent.scripted import ScriptedChatModel, script_from_steps
+from agent.scripted import ScriptedChatModel
 from agent.usage import PriceTable, Usage
-from harness.config import EvalConfig, TimingConfig
-from harness.registry import get, load_suite
-from tests.conftest import CANDIDATES
-
-CORRECT = (CANDIDATES / "correct_all_gather_sum.py").read_text()
-BROKEN = (CANDIDATES / "compile_error_syntax.py").read_text()  # scored without starting a rank
-SCRIPTED = "scripted:test"
-
-
-def scripted(steps: list[Any]) -> ScriptedChatModel:
-    return ScriptedChatModel(script=script_from_steps(steps), script_name="test")
-
-
-def fenced(code: str) -> str:
-    return f"Here is my solution.\n\n```python\n{code}```\n"
-
-
-def eval_config() -> EvalConfig:
-    return EvalConfig(trials=2, timing=TimingConfig(warmup=1, iters=3, host_iters=1))
-
-
-def run_samples(tmp_path: Path, models: list[BaseChatModel] | Callable[[], BaseChatModel], *,
-                conditions: list[str], problems: tuple[str, ...] = ("all_reduce",), samples: int = 1,
-                budget: Budget | None = None, prices: PriceTable | None = None, concurrency: int = 1,
-                run_id: str = "run", model: str = SCRIPTED, **config: Any) -> tuple[Runner, Any]:
-    """A Runner on a fresh run directory; `models` are handed out one per sample, in plan order."""
-    suite = load_suite()
-    chosen = [get(suite, name) for name in problems]
-    run_config = RunConfig(model=model, conditions=conditions, samples=samples, problems=list(problems),
-                           budgets=(budget or Budget()).as_dict(), trials=2, model_attempts=1, **config)
-    run_dir = RunDir(tmp_path / run_id)
-    if not run_dir.run_json.exists():
-        create_run(run_dir, run_config, prices)
-    factory = models if callable(models) else iter(models).__next__
-    runner = Runner(run_dir, run_config, chosen, concurrency=concurrency, prices=prices, model_factory=factory,
-                    eval_config=eval_config(), scheduler=DeviceScheduler("cpu", 2, cpu_slots=1))
-    return runner, runner.run()
+from tests.agent_support import BROKEN, CORRECT, SCRIPTED, fenced, run_samples, scripted
 
 
 def sample_files(run_dir: Path, problem: str, condition: str, k: int = 0) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.contract_checks import input_issues
 from harness.problem import load_problem
-from tests.test_registry import GOOD, write
+from tests.registry_support import GOOD, write
 
 
 def test_good_inputs_pass(tmp_path):

@@ -74,7 +74,7 @@ def test_report_says_a_run_is_emulated_and_counts_nothing_fast(tmp_path):
     from agent.report.markdown import to_markdown
     from agent.report.rows import run_rows
     from agent.report.run_reader import read_run
-    from tests.test_report import make_run
+    from tests.report_support import make_run
 
     rep = build([read_run(make_run(tmp_path, device="cuda", world_size=4, ranks_per_gpu=4))])
     assert any("is emulated (4 ranks share each GPU" in note for note in rep.data["notes"])

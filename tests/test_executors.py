@@ -49,8 +49,8 @@ from harness.evaluate import evaluate
 from harness.problem import MalformedProblem, load_problem
 from harness.registry import get, load_suite
 from harness.results import EvalResult
+from tests.agent_support import CORRECT, eval_config, fenced, scripted
 from tests.conftest import CANDIDATES, live_children, pid_alive
-from tests.test_agent_loop import CORRECT, eval_config, fenced, scripted
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'pkb-agent[ray]'); "

@@ -31,7 +31,7 @@ from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_s
 from harness.problem import load_problem
 from harness.rank.tripwires import Guard
 from harness.registry import get, load_suite
-from harness.sandbox import probe
+from harness.sandbox import SandboxPolicy, probe
 from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
 
@@ -506,3 +506,28 @@ def test_namespace_sweeps_never_reach_the_harness_namespace():
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@needs_sandbox
+def test_a_checkout_under_tmp_stays_importable_and_read_only_in_the_sandbox():
+    # A CI runner or a scratch clone may keep the checkout under /tmp, which the sandbox replaces with an
+    # empty one of its own: the code folders are mounted again, read-only, and /tmp's other folders stay hidden.
+    with tempfile.TemporaryDirectory(dir="/tmp") as checkout, tempfile.TemporaryDirectory(dir="/tmp") as other:
+        (Path(checkout) / "probe_module.py").write_text("VALUE = 42\n")
+        (Path(other) / "secret.txt").write_text("another evaluation's file")
+        script = textwrap.dedent(f"""
+            import os, sys
+            sys.path.insert(0, {checkout!r})
+            import probe_module
+            assert probe_module.VALUE == 42
+            assert not os.path.exists({other!r})
+            try:
+                open(os.path.join({checkout!r}, "written.txt"), "w")
+            except OSError:
+                print("read-only")
+        """)
+        command = SandboxPolicy(scratch=None).bwrap_command([sys.executable, "-c", script], Path(checkout))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "read-only"
+        assert not (Path(checkout) / "written.txt").exists()

@@ -13,7 +13,7 @@ from agent.report.build import build
 from agent.report.html import to_html
 from agent.report.markdown import to_markdown
 from agent.report.run_reader import read_run
-from tests.test_report import OUTCOMES, html_rows, make_run, md_rows
+from tests.report_support import OUTCOMES, html_rows, make_run, md_rows
 
 HEADLINE = "| condition | problems | samples |"
 COST, TOKENS, GPU = 8, 9, 11  # columns of the headline table

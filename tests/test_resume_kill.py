@@ -21,8 +21,8 @@ import pytest
 import agent.tool_calls
 from agent.cli import run as cli_run
 from agent.report import metrics
+from tests.agent_support import BROKEN, run_samples, scripted
 from tests.conftest import CANDIDATES
-from tests.test_agent_loop import BROKEN, run_samples, scripted
 
 REPO = Path(__file__).resolve().parent.parent
 CORRECT = (CANDIDATES / "correct_all_gather_sum.py").read_text()

@@ -24,8 +24,8 @@ from agent.report.run_reader import read_run
 from agent.scheduler import DeviceScheduler
 from harness import failures
 from harness.results import CandidateInfo, EvalResult, Failure
+from tests.agent_support import BROKEN, fenced, run_samples, scripted
 from tests.conftest import CANDIDATES
-from tests.test_agent_loop import BROKEN, fenced, run_samples, scripted
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -7,6 +7,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,18 +129,32 @@ class SandboxPolicy:
             for node in sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*"))):
                 if os.path.exists(node) and not os.path.isdir(node):
                     args += ["--dev-bind", node, node]
+        shown = [folder for folder in (*self.visible, *code_folders(cwd))
+                 if folder.is_dir() and any(_under(folder, Path(t)) and folder.resolve() != Path(t).resolve()
+                                            for t in PRIVATE_TMP)]
+        for folder in shown:
+            args += ["--ro-bind", str(folder), str(folder)]
         for hidden in self.hide:
-            # Under /tmp it is hidden already (the sandbox's /tmp is empty); elsewhere an empty tmpfs covers it.
-            if hidden.exists() and not _under(hidden, Path("/tmp")):
+            # An empty tmpfs covers it; under /tmp it is hidden already unless a folder shown above holds it.
+            if hidden.exists() and (not _under(hidden, Path("/tmp")) or any(_under(hidden, f) for f in shown)):
                 args += ["--tmpfs", str(hidden)]
-        for folder in self.visible:
-            if folder.is_dir() and _under(folder, Path("/tmp")):
-                args += ["--ro-bind", str(folder), str(folder)]
         if self.scratch is not None:
             args += ["--bind", str(self.scratch), str(self.scratch)]
         if self.extensions is not None:
             args += ["--bind", str(self.extensions), EXT_MOUNT]
         return [*args, "--chdir", str(cwd), "--", *command]
+
+
+PRIVATE_TMP = ("/tmp", "/dev/shm")  # the sandbox's own, empty: what lies under them on the host is hidden
+
+
+def code_folders(cwd: Path) -> tuple[Path, ...]:
+    """What the sandbox's processes need to import the harness and its packages: the checkout (`cwd`), the
+    interpreter's prefixes and every folder on sys.path. A checkout or a virtual environment under /tmp
+    (a CI runner's, a scratch clone) would otherwise vanish under the private /tmp; these are mounted
+    read-only again (never /tmp itself, which would show other evaluations' folders)."""
+    found = [cwd, Path(sys.prefix), Path(sys.base_prefix), *(Path(p) for p in sys.path if p)]
+    return tuple(dict.fromkeys(p for p in found if p.is_absolute()))
 
 
 def _under(path: Path, root: Path) -> bool:
