@@ -8,8 +8,9 @@ sandbox gets (harness.sandbox.policy.SandboxPolicy):
   or ptrace reaches them. Its own user namespace with a non-zero uid and no capabilities, so nothing
   can be remounted writable. Its own network namespace (loopback only: the W ranks of one sandbox talk
   gloo/NCCL bootstrap over it, and nothing else is reachable), IPC and UTS namespaces.
-- a read-only view of the whole filesystem (checkout, site-packages, home), a fresh /tmp and /dev/shm,
-  the harness's cache folder hidden, and one writable scratch folder, bound at the same path inside.
+- a read-only view of the whole filesystem (checkout, site-packages, home), a fresh /tmp and /dev/shm
+  (code folders that lie under them, such as a checkout cloned into /tmp, mounted again read-only), the
+  harness's cache folder hidden, and one writable scratch folder, bound at the same path inside.
   GPU device nodes are bound where the evaluation runs on CUDA.
 - an environment rebuilt from a list of safe names: API keys and other secrets of the harness's
   environment never reach a candidate.
