@@ -29,6 +29,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from harness.ast_names import dotted_name
+
 BUILD_MARKERS = ("load_inline", "cpp_extension", "compile_cuda_extension", "nvrtc", "NVRTC", "RawKernel",
                  "RawModule")
 TORCH_BUILDERS = {"load_inline": "load_inline", "load": "cpp_extension.load"}
@@ -128,15 +130,6 @@ class BuildOutcome:
         return out
 
 
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
 def _lookup(dotted: str, namespace: dict[str, Any]) -> Any:
     head, *rest = dotted.split(".")
     if head not in namespace:
@@ -190,7 +183,7 @@ def _unsafe_part(node: ast.AST, namespace: dict[str, Any]) -> str | None:
         if isinstance(child, ast.Name) and child.id not in namespace and child.id not in ("str", "int", "list",
                                                                                             "tuple", "dict", "sorted"):
             return f"its argument {child.id!r} is not a module-level name"
-        if isinstance(child, ast.Call) and _dotted(child.func) not in SAFE_CALLS:
+        if isinstance(child, ast.Call) and dotted_name(child.func) not in SAFE_CALLS:
             return f"its argument calls {ast.unparse(child.func)}()"
     return None
 
@@ -261,7 +254,7 @@ def find_builds(module: types.ModuleType, source: str) -> Discovery:
             if not isinstance(node, ast.Call) or id(node) in seen:
                 continue
             seen.add(id(node))
-            dotted = _dotted(node.func)
+            dotted = dotted_name(node.func)
             if dotted is None:
                 continue
             if dotted.split(".")[-1] in NVRTC_NAMES:

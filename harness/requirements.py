@@ -26,6 +26,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from harness.ast_names import dotted_name
+
 CUDA = "CUDA"
 # Packages whose code runs only on a GPU; missing or not, they need CUDA on a CPU run.
 GPU_PACKAGES = ("triton", "cupy", "pycuda", "cuda", "numba.cuda", "tilelang", "thunderkittens")
@@ -57,15 +59,6 @@ class Need:
         return self.what == CUDA
 
 
-def _dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
 class _Scan:
     """The needs of one parsed file, from the code that runs (see the module docstring)."""
 
@@ -87,7 +80,7 @@ class _Scan:
         self.used: set[str] = set()  # names read by code that runs, unguarded
 
     def resolve(self, node: ast.AST) -> str | None:
-        name = _dotted(node)
+        name = dotted_name(node)
         if name is None:
             return None
         head, _, rest = name.partition(".")

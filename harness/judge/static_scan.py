@@ -10,6 +10,8 @@ import ast
 import threading
 from typing import Any
 
+from harness.ast_names import dotted_name
+
 # CPython 3.11's parser is not safe to run from two threads at once ("AST constructor recursion depth
 # mismatch"), and evaluations run concurrently in threads of one harness process (pkb run, pkb search).
 _PARSE = threading.Lock()
@@ -23,14 +25,7 @@ _FD_CALLS = {"write", "dup", "dup2", "fdopen", "writev", "pwrite", "sendfile"}
 
 
 def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
+    return dotted_name(node) or ""
 
 
 def static_scan(source: str) -> list[dict[str, Any]]:
