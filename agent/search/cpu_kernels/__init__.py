@@ -9,5 +9,7 @@ no torch.distributed call is made; ranks meet at epoch flags in the shared mappi
 call parity as the GPU experts do, so one barrier per exchange suffices.
 
 The stochastic scripted model (agent.search.mutator) edits these files on CPU, and the expert solutions
-on GPUs; nothing imports them.
+on GPUs; nothing imports them. The shared-mapping setup and the epoch barrier are repeated in every
+file on purpose: a candidate is judged as one self-contained file in its sandbox, and the mutator edits
+each file whole, so a helper module would be code the candidate depends on but does not own.
 """
