@@ -19,6 +19,7 @@ call, and no file outside the evaluation's folders is left.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import random
@@ -26,10 +27,12 @@ import secrets
 import shutil
 import tempfile
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import failures, integrity, reference_cache, requirements
+from harness import failures, hostile_files, integrity, reference_cache, requirements
 from harness.candidate import required_positional
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
@@ -188,7 +191,7 @@ class _Evaluation:
         refusal = parse_refusal(f"{failure.message}\n{failure.evidence}")
         if refusal is None or not refusal_is_plausible(refusal, self.source.decode(errors="replace")):
             return failure
-        return failure.model_copy(update={"verdict": failures.INFRA_ERROR,
+        return failure.model_copy(update={"verdict": failures.INFRA_ERROR, "infra_cause": "emulation",
                                           "message": f"not available in emulation: {failure.message}"})
 
     def note_collectives(self, phase: str, events: dict[int, dict[str, int]],
@@ -259,7 +262,7 @@ class _Evaluation:
         try:
             self.pool.wait_ready()
         except PoolError as err:
-            raise _Stop(Failure(verdict=failures.INFRA_ERROR, phase="launch",
+            raise _Stop(Failure(verdict=failures.INFRA_ERROR, phase="launch", infra_cause="launch",
                                 message=f"the candidate's sandboxed ranks did not start: {err}")) from err
         # From launch to ready, overlapping the reference's work; `launch_wait` is what the reference left.
         self.stages["launch"] = self.pool.start_seconds
@@ -296,17 +299,17 @@ class _Evaluation:
     def check(self, schedule: list[trials.Trial]) -> None:
         assert self.pool is not None and self.reference is not None
         limits = self.config.limits
-        pool, scratch = self.pool, self.pool.scratch
-        assert scratch is not None
+        pool, scratch, files = self.pool, self.pool.scratch, self.pool.scratch_files
+        assert scratch is not None and files is not None
         calls_dir = scratch / "calls"
-        calls_dir.mkdir(exist_ok=True)
+        with self.candidate_files("check"):
+            files.make_dir("calls")
         # A slow reference (PKB's 76-78 take a minute a call at small shapes) stretches the budget; a fast
         # one leaves it as configured, whatever the machine's load did to its measured time.
         slow = self.reference.trial_seconds if self.reference.trial_seconds > 1.0 else 0.0
         budget = max(limits.check_s, limits.check_scale * slow * len(schedule))
         deadline = time.monotonic() + budget
-        out_limit = 1 << 40  # outputs are bounded by the sandbox's file-size limit
-        judge = trials.Judge(self.problem.atol, self.problem.rtol, self.device, self.ref_dir, out_limit)
+        judge = trials.Judge(self.problem.atol, self.problem.rtol, self.device, self.ref_dir, files, self.world_size)
         results: list[trials.CallResult] = []
         started = time.perf_counter()
         for index, trial in enumerate(schedule):
@@ -316,7 +319,8 @@ class _Evaluation:
             for rank in range(self.world_size):
                 stem = calls_dir / f"c{index}-r{rank}"
                 inputs = Path(f"{stem}-in.pt")
-                shutil.copyfile(self.ref_dir / f"in-{trial.id}-r{rank}.pt", inputs)
+                with self.candidate_files("check"):  # a name planted where the inputs go: never written through
+                    files.copy_new(inputs, self.ref_dir / f"in-{trial.id}-r{rank}.pt")
                 paths[rank] = {"output": f"{stem}-out.bin", "previous_output": f"{stem}-prev.bin",
                                "inputs_after": f"{stem}-after.bin"}
                 per_rank[rank] = {"op": "call", "candidate": str(self.path), "inputs": str(inputs),
@@ -345,9 +349,10 @@ class _Evaluation:
             result = trials.CallResult(trial, index)
             judge.judge_call(result, replies, paths, ref)
             results.append(result)
-            for rank in range(self.world_size):
-                for suffix in ("-in.pt", "-out.bin", "-out.bin.later", "-prev.bin", "-after.bin"):
-                    Path(f"{calls_dir / f'c{index}-r{rank}'}{suffix}").unlink(missing_ok=True)
+            with self.candidate_files("check"):
+                for rank in range(self.world_size):
+                    for suffix in ("-in.pt", "-out.bin", "-out.bin.later", "-prev.bin", "-after.bin"):
+                        files.unlink(f"calls/c{index}-r{rank}{suffix}")
         self.stages["check"] = time.perf_counter() - started
         if pool.build_seconds() > 0.0:
             # Builds inside calls, reported apart (and not charged to the check's budget: see build_s).
@@ -372,20 +377,23 @@ class _Evaluation:
         assert self.pool is not None and self.reference is not None and self.reference.sets is not None
         limits = self.config.limits
         sets = self.reference.sets
-        scratch = self.pool.scratch
-        assert scratch is not None
+        scratch, files = self.pool.scratch, self.pool.scratch_files
+        assert scratch is not None and files is not None
         started = time.perf_counter()
         sets_dir, keep_dir = scratch / "sets", scratch / "kept"
-        sets_dir.mkdir(exist_ok=True)
-        keep_dir.mkdir(exist_ok=True)
         names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
         per_rank = {}
-        for rank in range(self.world_size):
-            paths = []
-            for name in names:
-                target = sets_dir / f"{name}-r{rank}.pt"
-                shutil.copyfile(self.ref_dir / f"in-{name}-r{rank}.pt", target)
-                paths.append(str(target))
+        with self.candidate_files("timing"):
+            files.make_dir("sets")
+            files.make_dir("kept")
+            for rank in range(self.world_size):
+                paths = []
+                for name in names:
+                    target = sets_dir / f"{name}-r{rank}.pt"
+                    files.copy_new(target, self.ref_dir / f"in-{name}-r{rank}.pt")
+                    paths.append(str(target))
+                per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
+                                  "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
             per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
                               "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
         self.ask(self.pool, per_rank, "timing", limits.time_s)
@@ -411,24 +419,17 @@ class _Evaluation:
                     raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
                                         message=f"rank {rank}: an input set changed while it was timed: the "
                                                 f"candidate modifies its inputs"))
+        files = self.pool.scratch_files if self.pool is not None else None
+        assert files is not None
         wrong = []
         for kept in run.kept:
             stem = f"fresh{kept.set_index}" if kept.kind == "fresh" else f"set{kept.set_index}"
             for rank, path in kept.paths.items():
-                issue = path.with_suffix(".issue")
-                if issue.exists():
-                    wrong.append((kept, rank, f"not comparable: {issue.read_text()[:200]}"))
-                    continue
-                try:
-                    got = transport.read_tree(path, 1 << 40)
-                except transport.TransportError as err:
-                    wrong.append((kept, rank, f"its output could not be read back: {err}"))
-                    continue
-                expected = transport.read_tree(self.ref_dir / f"exp-{stem}-r{rank}.bin", 1 << 40)
-                verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
-                if not verdict["ok"]:
-                    wrong.append((kept, rank, verdict["message"]))
-                path.unlink(missing_ok=True)
+                why = self._judge_timed_output(files, path, self.ref_dir / f"exp-{stem}-r{rank}.bin")
+                if why is not None:
+                    wrong.append((kept, rank, why))
+                with self.candidate_files("timing"):
+                    files.unlink(path)
         self.evidence["timed_outputs_judged"] = len(run.kept)
         if wrong:
             kept, rank, why = wrong[0]
@@ -437,6 +438,32 @@ class _Evaluation:
                                 message=f"{len(wrong)} of {len(run.kept) * self.world_size} judged timed outputs were "
                                         f"wrong although the check passed; first: rank {rank}, a {kept.kind} call on "
                                         f"input set {kept.set_index}: {why}"))
+
+    def _judge_timed_output(self, files: hostile_files.Folder, path: Path, expected_path: Path) -> str | None:
+        """Why one kept timed output is wrong, or None. Every file is the rank's: read as hostile."""
+        issue = path.with_suffix(".issue")
+        try:
+            if files.exists(issue):
+                return f"not comparable: {files.read_text(issue, 4096)[:200]}"
+            expected = trials.reference_file(expected_path)
+            got = transport.read_tree(path, trials.output_limit(expected_path.stat().st_size, self.world_size), files)
+            verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
+        except (transport.TransportError, hostile_files.HostileFile) as err:
+            return f"its output could not be read back: {err}"
+        except Exception as exc:  # whatever the output is, failing to judge it is its failure
+            return f"its output could not be judged: {type(exc).__name__}: {exc}"
+        return None if verdict["ok"] else str(verdict["message"])
+
+    @contextlib.contextmanager
+    def candidate_files(self, phase: str) -> Iterator[None]:
+        """Files the trusted side reads or writes in the candidate's scratch: anything wrong with them
+        (a link, a FIFO, a name planted where the harness writes) is the candidate's failure."""
+        try:
+            yield
+        except hostile_files.HostileFile as err:
+            raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase,
+                                message=f"{phase}: the harness refused a file in the candidate's scratch: {err}"),
+                        [integrity.TAMPERING]) from err
 
     def _plausibility(self, run: timing.TimingRun, candidate: TimingStats, reference: TimingStats) -> None:
         problems = [p for ranks in run.times.get("timed", []) for p in plausibility.timing_problems(ranks)]
@@ -508,9 +535,15 @@ def evaluate(
         ev.evidence["inputs"] = report.as_dict()
     # What this machine cannot run (a CUDA candidate on a CPU-only run, a missing package): nobody's
     # failure, said at once in one line, never charged to the model.
-    issue = requirements.environment_issue(problem, ev.path, device)
+    try:
+        issue = requirements.environment_issue(problem, ev.path, device)
+    except Exception as exc:  # noqa: BLE001 - it reads the candidate's source: a source it chokes on is the candidate's
+        ev.failure = unexpected_failure(exc, "compile")
+        shutil.rmtree(ev.folder, ignore_errors=True)
+        return ev.result()
     if issue:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment")
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment",
+                             infra_cause="environment")
         ev.evidence["environment_issue"] = issue
         shutil.rmtree(ev.folder, ignore_errors=True)
         return ev.result()
@@ -536,17 +569,46 @@ def evaluate(
         ev.failure = stop.failure
         ev.flags.extend(stop.flags)
     except ReferenceFailed as err:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference")
-    except (PoolError, SandboxUnavailable) as err:
-        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference",
+                             infra_cause="reference")
+    except SandboxUnavailable as err:
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase, infra_cause="sandbox")
+    except Exception as exc:  # noqa: BLE001 - every evaluation ends with a verdict
+        ev.failure = unexpected_failure(exc, phase)
     finally:
-        ev.cleanup()
+        try:
+            ev.cleanup()
+        except Exception as exc:  # noqa: BLE001 - a verdict already taken stays; the record says what failed
+            ev.evidence["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
     if ev.failure is None and ev.timings is not None:
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
         # processes of its own, never beside a candidate.
-        bound = plausibility.roofline_bound_ms(problem, shape, world_size, device)
+        try:
+            bound = plausibility.roofline_bound_ms(problem, shape, world_size, device)
+        except Exception as exc:  # noqa: BLE001 - the reference's trace failed: no bound, said so
+            ev.evidence["roofline_bound_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            bound = None
         if bound is not None:
             ev.evidence["roofline_bound_ms"] = bound
             if ev.timings.candidate.median_ms < checks.impossible_slack * bound:
                 ev.flags.append(integrity.IMPOSSIBLE)
     return ev.result()
+
+
+# Phases in which candidate code has run or its artifacts are handled: whatever goes wrong there is the
+# candidate's. Before them (launch, reference) nothing of the candidate is involved.
+CANDIDATE_PHASES = ("compile", "load", "check", "timing")
+
+
+def unexpected_failure(exc: BaseException, phase: str) -> Failure:
+    """The verdict for an exception nobody anticipated. In a candidate's phase it is the candidate's failure
+    with the reason (fail closed: an infra_error would be retried, re-rolling the candidate's verdict); a
+    pool that stopped there stopped with the candidate's ranks. Before those phases, the harness's own."""
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
+    trace = "".join(traceback.format_exception(exc))[-3000:]
+    if phase in CANDIDATE_PHASES:
+        verdict = failures.COMPILE_ERROR if phase == "compile" else failures.RUNTIME_ERROR
+        what = "its rank pool stopped" if isinstance(exc, PoolError) else "the harness could not handle its artifacts"
+        return Failure(verdict=verdict, phase=phase, message=f"{phase}: {what}: {reason}", evidence=trace)
+    return Failure(verdict=failures.INFRA_ERROR, phase=phase, infra_cause="harness",
+                   message=f"{phase}: the harness failed before any candidate code ran: {reason}", evidence=trace)

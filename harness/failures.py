@@ -8,8 +8,19 @@ OUTPUT_MISMATCH = "output_mismatch"
 DEADLOCK = "deadlock"  # a phase ran out while ranks waited on each other (barrier, collective, signal spin)
 TIMEOUT = "timeout"  # a phase ran out while every rank still at work was busy, none waiting on a peer
 CORRECT = "correct"
-# Harness or machine failure: retried, never charged to the model.
+# Harness or machine failure: retried, never charged to the model. Only for the causes below, none of which
+# a candidate can bring about; every infra_error record names its cause (Failure.infra_cause). Anything
+# else that goes wrong while a candidate's code or artifacts are handled is the candidate's failure.
 INFRA_ERROR = "infra_error"
+INFRA_CAUSES = {
+    "environment": "this machine lacks what the reference needs, or a GPU package or CUDA the candidate needs",
+    "sandbox": "PKB_SANDBOX=require and no sandbox can be started here",
+    "launch": "the candidate's rank pool did not start; no candidate code had run in it",
+    "reference": "the reference pool failed, overran Limits.reference_s or returned what cannot be compared",
+    "emulation": "ranks sharing a GPU: the emulation refused an API that the candidate's source names",
+    "harness": "the harness failed before any candidate code or artifact was involved",
+    "executor": "the executor lost the evaluation (a Ray worker or node died; retries ran out)",
+}
 
 VERDICTS = (
     CORRECT,

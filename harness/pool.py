@@ -38,9 +38,10 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
-from harness import channel, failures
+from harness import channel, failures, hostile_files
 from harness.cache_dir import cache_root
 from harness.emulation import layout
+from harness.redaction import redact_bytes
 from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -127,12 +128,14 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
     for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
         marker = None
         try:
-            identity, _, rest = (folder / OWNER_FILE).read_text().partition("\n")
+            # Not followed, never blocking, bounded: without a sandbox a candidate could have planted it.
+            owner = hostile_files.read_bytes(folder / OWNER_FILE, 4096).decode(errors="replace")
+            identity, _, rest = owner.partition("\n")
             identity, rest = identity.strip(), rest.strip()
             # Only a well-formed marker: the folder is writable by candidates, and a line such as
             # PATH=/usr/bin would otherwise name every process of this user.
             marker = rest if _MARKER_LINE.fullmatch(rest) else None
-        except FileNotFoundError:
+        except (hostile_files.HostileFile, FileNotFoundError):
             try:
                 stale = now - folder.stat().st_mtime > LEGACY_AGE_S  # young: a pool still writing its owner
             except OSError:
@@ -282,6 +285,9 @@ class RankPool:
         self.ranks: list[_Rank] = []
         self.tmp: tempfile.TemporaryDirectory[str] | None = None
         self.scratch: Path | None = None
+        # The scratch held open from before any rank started: the one way the harness touches what the
+        # ranks wrote there (harness.hostile_files).
+        self.scratch_files: hostile_files.Folder | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._status_fd: int | None = None
         self._status_buffer = b""
@@ -317,6 +323,7 @@ class RankPool:
         self.scratch = folder / "scratch"
         for sub in ("", "tmp", "cache"):
             (self.scratch / sub).mkdir(exist_ok=True)
+        self.scratch_files = hostile_files.Folder.open(self.scratch)
         child_fds: list[int] = []
         entries = []
         visible_gpus, device_index = self._placement()
@@ -517,9 +524,12 @@ class RankPool:
         if self.keep_logs is not None and self.tmp is not None:
             self.keep_logs.mkdir(parents=True, exist_ok=True)
             for r in self.ranks:
-                (self.keep_logs / f"rank{r.rank}.log").write_bytes(bytes(r.log))
+                hostile_files.replace_file(self.keep_logs / f"rank{r.rank}.log", redact_bytes(bytes(r.log)))
         self.ranks = []
         self.proc = None
+        if self.scratch_files is not None:
+            self.scratch_files.close()
+            self.scratch_files = None
         self._keys = None
         self._buffers = {}
         if self.tmp is not None:
@@ -811,9 +821,9 @@ class RankPool:
             self._drain(r, "log")
         sandbox = ""
         if self.tmp is not None:
-            try:
-                sandbox = (Path(self.tmp.name) / "sandbox.log").read_text(errors="replace")[-2000:]
-            except OSError:
+            try:  # the launcher's output: what ranks can reach of it is bounded here, never read whole
+                sandbox = hostile_files.read_tail(Path(self.tmp.name) / "sandbox.log", 2000).decode(errors="replace")
+            except (OSError, hostile_files.HostileFile):
                 pass
         text = "\n".join(f"[rank {r.rank} log]\n{self._log_tail(r)}" for r in self.ranks if r.rank in ranks)
         return text + (f"\n[sandbox]\n{sandbox}" if sandbox.strip() else "")

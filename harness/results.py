@@ -39,6 +39,8 @@ class Failure(BaseModel):
     evidence: str = ""
     max_abs_err: float | None = None
     max_rel_err: float | None = None
+    infra_cause: str | None = Field(None, description="for infra_error only: which of harness.failures.INFRA_CAUSES "
+                                                      "it was (none of them a candidate can bring about)")
 
 
 class TimingStats(BaseModel):

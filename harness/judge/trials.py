@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import failures, integrity
+from harness import failures, hostile_files, integrity
 from harness.integrity import IntegrityConfig
 from harness.judge.compare import compare_outputs
 from harness.rank import transport
@@ -82,19 +82,40 @@ def _failure(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": verdict, "message": message[:1500], **extra}
 
 
-class Judge:
-    """Judges one evaluation's check calls, call by call; keeps what the next call's judgement needs."""
+MIN_OUTPUT_LIMIT = 16 << 20  # bytes of an output file the judge reads whatever the expected output's size
 
-    def __init__(self, atol: float, rtol: float, device: str, ref_dir: Path, out_limit: int) -> None:
+
+def output_limit(expected_bytes: int, world_size: int) -> int:
+    """The most bytes the judge reads of a candidate's output file whose reference output file holds
+    `expected_bytes`: room for a wrong layout (a whole gathered output on every rank) and its header, never
+    a file the candidate inflated (a sparse file of terabytes costs it nothing to make)."""
+    return max(MIN_OUTPUT_LIMIT, 2 * max(1, world_size) * expected_bytes + (1 << 20))
+
+
+def reference_file(path: Path) -> Any:
+    """A file the reference pool wrote into the evaluation's private folder (trusted; still read as data)."""
+    return transport.read_tree(path, 1 << 40)
+
+
+class Judge:
+    """Judges one evaluation's check calls, call by call; keeps what the next call's judgement needs.
+    `files`: the candidate's scratch, held open; every file of a rank is read through it."""
+
+    def __init__(self, atol: float, rtol: float, device: str, ref_dir: Path, files: hostile_files.Folder,
+                 world_size: int) -> None:
         self.atol, self.rtol = atol, rtol
         self.device = device
         self.ref_dir = ref_dir
-        self.out_limit = out_limit
-        self.previous: dict[int, tuple[Any, bool]] = {}  # rank -> (expected of the previous call, it failed)
+        self.files = files
+        self.world_size = world_size
+        self.previous: dict[int, tuple[Any, bool, int]] = {}  # rank -> (expected of the previous call, it
+        # failed, the byte limit of its output)
         self.rules: set[str] = set()
 
-    def expected(self, stem: str, rank: int) -> Any:
-        return transport.read_tree(self.ref_dir / f"exp-{stem}-r{rank}.bin", 1 << 40)
+    def expected(self, stem: str, rank: int) -> tuple[Any, int]:
+        """The reference's output of trial `stem` on `rank`, and the byte limit of the candidate's."""
+        path = self.ref_dir / f"exp-{stem}-r{rank}.bin"
+        return reference_file(path), output_limit(path.stat().st_size, self.world_size)
 
     def judge_call(self, result: CallResult, replies: list[dict[str, Any]], paths: dict[int, dict[str, str]],
                    ref: dict[int, dict[str, Any]]) -> None:
@@ -104,6 +125,9 @@ class Judge:
             rank = reply["rank"]
             try:
                 self._judge_rank(result, rank, reply, paths[rank], ref[rank])
+            except transport.OutputTooLarge as err:  # an honest wrong layout can be this big: not tampering
+                self._fail(result, _failure(failures.SHAPE_MISMATCH, f"rank {rank}, {result.trial.label}: its output "
+                                            f"is larger than the expected output could be: {err}", rank=rank))
             except Exception as exc:  # whatever the output is, failing to judge it is its failure
                 result.flags.add(integrity.TAMPERING)
                 self._fail(result, _failure(failures.RUNTIME_ERROR, f"rank {rank}, {result.trial.label}: its output "
@@ -117,7 +141,7 @@ class Judge:
     def _judge_rank(self, result: CallResult, rank: int, reply: dict[str, Any], paths: dict[str, str],
                     ref: dict[str, Any]) -> None:
         where = f"rank {rank}, {result.trial.label}"
-        expected = self.expected(str(result.trial.id), rank)
+        expected, limit = self.expected(str(result.trial.id), rank)
         self._look_back(result, rank, reply, paths)
         previous = self.previous.get(rank)
         failed = True
@@ -130,11 +154,11 @@ class Judge:
             else:
                 self._fail(result, _failure(failures.SHAPE_MISMATCH, f"{where}: the output cannot be compared: "
                                             f"{unsupported}", rank=rank))
-            self.previous[rank] = (expected, True)
+            self.previous[rank] = (expected, True, limit)
             return
-        got = self._read(paths["output"])
+        got = self._read(paths["output"], limit)
         if reply.get("changed_after_return"):
-            later = self._read(paths["output"] + ".later")
+            later = self._read(paths["output"] + ".later", limit)
             right_later = compare_outputs(expected, later, self.atol, self.rtol)["ok"]
             later_note = "; only the later value is right" if right_later else ""
             self._fail(result, _failure(failures.OUTPUT_MISMATCH, f"{where}: the output changed after the call "
@@ -156,11 +180,13 @@ class Judge:
                 self._fail(result, _failure(verdict["verdict"], message, rank=rank,
                                             max_abs_err=verdict.get("max_abs_err"),
                                             max_rel_err=verdict.get("max_rel_err")), *flags)
-        self.previous[rank] = (expected, failed)
+        self.previous[rank] = (expected, failed, limit)
 
-    def _read(self, path: str) -> Any:
+    def _read(self, path: str, limit: int) -> Any:
         try:
-            return transport.read_tree(Path(path), self.out_limit)
+            return transport.read_tree(Path(path), limit, self.files)
+        except transport.OutputTooLarge:
+            raise
         except transport.TransportError as err:
             raise ValueError(str(err)) from None
 
@@ -168,8 +194,9 @@ class Judge:
                    ref: dict[str, Any], where: str) -> bool:
         if ref.get("mutated"):
             self.rules.add(PKB_RULE)
-            theirs = self._read(paths["inputs_after"])
-            mine = transport.read_tree(self.ref_dir / f"after-{result.trial.id}-r{rank}.bin", 1 << 40)
+            after = self.ref_dir / f"after-{result.trial.id}-r{rank}.bin"
+            mine = reference_file(after)
+            theirs = self._read(paths["inputs_after"], output_limit(after.stat().st_size, 1))
             verdict = compare_outputs(mine, theirs, self.atol, self.rtol)
             if not verdict["ok"]:
                 self._fail(result, _failure(verdict["verdict"], f"{where}: its inputs after the call differ from "
@@ -189,9 +216,9 @@ class Judge:
         if not reply.get("previous_changed"):
             return
         previous = self.previous.get(rank)
-        late_path = Path(paths["previous_output"])
-        if previous is not None and previous[1] and late_path.exists():
-            now = self._read(str(late_path))
+        late_path = paths["previous_output"]
+        if previous is not None and previous[1] and self.files.exists(late_path):
+            now = self._read(late_path, previous[2])
             if compare_outputs(previous[0], now, self.atol, self.rtol)["ok"]:
                 result.flags.add(integrity.LAZY_OUTPUT)
                 result.flags.add("lazy:previous_call_filled_in_later")

@@ -7,8 +7,9 @@ Two directions, two formats, because they differ in who is trusted:
   keys, plain scalars, strided tensors and sparse COO tensors; the tensors' raw bytes follow, each at
   an offset the header names. `read_tree` checks every field of a header written by a process that may
   be hostile (sizes, offsets, dtypes, nesting depth, total bytes) and raises TransportError with a
-  one-line reason; it never unpickles. The judge opens the file itself (no symbolic links, a regular
-  file, a size limit), so a candidate cannot point it at a file outside its scratch.
+  one-line reason; it never unpickles, and nothing may follow the last tensor's bytes. The judge opens
+  the file through harness.hostile_files (no link followed on the way, a regular file, a size limit
+  checked before reading), so a candidate cannot point it at a file outside its scratch.
 - **Inputs** (the clean reference pool -> a candidate rank): torch.save / torch.load, because PKB inputs
   hold modules, dataclasses and process groups. Only the trusted side writes these and only rank
   processes read them, so pickle runs in the direction where it grants nothing. A process group cannot
@@ -21,14 +22,14 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
-import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness import hostile_files
 
 HEADER_LIMIT = 16 << 20  # bytes of JSON header a reader accepts
 MAX_DEPTH = 32
@@ -43,6 +44,14 @@ DTYPES = {str(d).removeprefix("torch."): d for d in (
 
 class TransportError(ValueError):
     """A value that cannot be written, or a file that is not a well-formed tree; one line."""
+
+
+class OutputTooLarge(TransportError):
+    """An output file larger than the judge reads for this output (nothing of it was read)."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
 
 
 class UnsupportedValue(TransportError):
@@ -136,31 +145,20 @@ def write_tree(path: Path, value: Any) -> int:
 
 
 # -- outputs: reading (the judge; the file may come from a hostile process) --------------------------
-def open_untrusted(path: Path, limit: int) -> bytes:
-    """The bytes of a file a candidate wrote: no symbolic link, a regular file with one link, at most
-    `limit` bytes."""
+def open_untrusted(path: Path, limit: int, folder: hostile_files.Folder | None = None) -> bytes:
+    """The bytes of a file a candidate wrote (harness.hostile_files: no link followed, not blocking, a
+    regular file with one link, at most `limit` bytes). `folder`: the candidate-writable folder it lies in,
+    held open by the judge, so no link on the way is followed either."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
+        return folder.read_bytes(path, limit) if folder is not None else hostile_files.read_bytes(path, limit)
+    except hostile_files.Missing:
         raise TransportError(f"{path.name} was not written") from None
+    except hostile_files.TooLarge as err:
+        raise OutputTooLarge(str(err), err.size, err.limit) from None
+    except hostile_files.HostileFile as err:
+        raise TransportError(str(err)) from None
     except OSError as err:
-        raise TransportError(f"{path.name} cannot be opened ({err.strerror}): not a plain file") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            raise TransportError(f"{path.name} is not a plain file")
-        if info.st_size > limit:
-            raise TransportError(f"{path.name} holds {info.st_size} bytes, more than the {limit} allowed")
-        chunks, size = [], 0
-        while size < info.st_size:
-            chunk = os.read(fd, min(1 << 24, info.st_size - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        raise TransportError(f"{path.name} cannot be read ({err.strerror})") from None
 
 
 def _int(value: Any, what: str, low: int = 0) -> int:
@@ -178,12 +176,14 @@ def parse_tree(data: bytes) -> Any:
     if size > HEADER_LIMIT or start + size > len(data):
         raise TransportError("header size out of range")
     try:
-        tree = json.loads(data[start:start + size])
-    except ValueError as err:
-        raise TransportError(f"header is not JSON: {err}") from None
+        tree = hostile_files.strict_json(bytes(data[start:start + size]), "the header")
+    except hostile_files.HostileFile as err:
+        raise TransportError(str(err)) from None
     body = memoryview(data)[start + size:]
+    end = 0  # where the last tensor's bytes end: nothing may follow them
 
     def tensor(node: Any) -> torch.Tensor:
+        nonlocal end
         if not isinstance(node, dict):
             raise TransportError("bad tensor entry")
         # Only a string can name a dtype; an unhashable one (a list) would raise TypeError, not TransportError.
@@ -199,6 +199,7 @@ def parse_tree(data: bytes) -> Any:
         itemsize = torch.empty((), dtype=dtype).element_size()
         if math.prod(dims) * itemsize != nbytes or offset + nbytes > len(body):
             raise TransportError("tensor bytes do not match its shape or lie outside the file")
+        end = max(end, offset + nbytes)
         if nbytes == 0:
             return torch.empty(dims, dtype=dtype)
         raw = torch.frombuffer(bytearray(body[offset:offset + nbytes]), dtype=torch.uint8)
@@ -250,12 +251,15 @@ def parse_tree(data: bytes) -> Any:
             return v
         raise TransportError("malformed tree")
 
-    return decode(tree, 0)
+    value = decode(tree, 0)
+    if len(body) != end:
+        raise TransportError(f"{len(body) - end} bytes follow the last tensor's: not a file this harness wrote")
+    return value
 
 
-def read_tree(path: Path, limit: int) -> Any:
-    """Open and parse an output file a (possibly hostile) rank wrote."""
-    return parse_tree(open_untrusted(path, limit))
+def read_tree(path: Path, limit: int, folder: hostile_files.Folder | None = None) -> Any:
+    """Open and parse an output file a (possibly hostile) rank wrote (`folder`: see open_untrusted)."""
+    return parse_tree(open_untrusted(path, limit, folder))
 
 
 def tree_nbytes(value: Any) -> int:
