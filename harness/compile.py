@@ -10,8 +10,14 @@ used by the same source. A rank sandbox gets a private copy of that entry, mount
 the build used, so torch finds the build complete and loads it instead of compiling while the peers
 wait. A build that overruns its limit is stopped whole: the sandbox dies with everything in it.
 
-Without a sandbox (harness.sandbox falls back to "none", and says so) the build runs as before this
-module had one: in a session of its own, its extension folder the cache entry itself.
+Without a sandbox (harness.sandbox falls back to "none", and says so) the build runs in a session of
+its own with the same allow-listed environment, into the same throwaway build folder.
+
+Fail closed: only a build the helper reported as a success (its result line, parsed strictly) with exit
+code 0 is a success, and only a success is cached; a helper that crashed, was killed, printed more than
+HELPER_OUTPUT_CAP or reported nothing is the candidate's compile_error (its code ran there). The build
+folder is candidate-written: it is copied into the cache file by file through harness.hostile_files (no
+link, no special file, within BUILD_BYTES_LIMIT). Paths handed to the helper are absolute.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,11 +40,17 @@ from typing import Any
 from harness import channel, failures
 from harness.builds import may_build
 from harness.cache_dir import cache_root
+from harness.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
 from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
+from harness.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
 
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
+HELPER_OUTPUT_CAP = 64 << 20  # bytes a build helper (candidate code included) may print
+HELPER_OUTPUT_KEPT = 256 << 10  # of which the tail is kept: the compiler's errors and the helper's result
+BUILD_BYTES_LIMIT = 4 << 30  # bytes of one build folder the cache takes (a CUDA extension is tens of MB)
+BUILD_FILES_LIMIT = 20000
 
 
 def extensions_dir() -> Path:
@@ -92,33 +106,89 @@ def check_syntax(source: str, filename: str) -> CompileOutcome:
     return CompileOutcome(True, time.perf_counter() - started)
 
 
-def _builds_reported(text: str) -> list[dict[str, Any]]:
-    """The builds harness.precompile reports in the JSON line it prints last: {"builds": [...], ...}."""
-    for line in reversed(text.splitlines()):
-        line = line.strip()
-        if line.startswith("{") and '"builds"' in line:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                return []
-            builds = value.get("builds") if isinstance(value, dict) else None
-            return [b for b in builds if isinstance(b, dict)] if isinstance(builds, list) else []
-    return []
+@dataclass
+class HelperOutput:
+    """What a helper process printed (its last `keep` bytes), how much, and how it ended."""
+
+    tail: bytes
+    total: int
+    timed_out: bool = False
+    over_cap: bool = False
+
+
+def read_bounded(proc: subprocess.Popen[bytes], timeout: float, cap: int = HELPER_OUTPUT_CAP,
+                 keep: int = HELPER_OUTPUT_KEPT) -> HelperOutput:
+    """Read a helper's stdout until it closes and the helper exits, keeping the tail: never more than `keep`
+    bytes in memory however much candidate code prints. Stops (leaving the helper running, for the caller
+    to end) at `timeout` seconds or past `cap` bytes."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    tail, total = bytearray(), 0
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return HelperOutput(bytes(tail), total, timed_out=True)
+        ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        total += len(chunk)
+        tail += chunk
+        if len(tail) > keep:
+            del tail[:len(tail) - keep]
+        if total > cap:
+            return HelperOutput(bytes(tail), total, over_cap=True)
+    try:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return HelperOutput(bytes(tail), total, timed_out=True)
+    return HelperOutput(bytes(tail), total)
+
+
+def parse_report(text: str) -> dict[str, Any] | None:
+    """harness.precompile's result: its last non-empty line, `RESULT_MARKER` and a JSON object with a known
+    status and a list of builds, parsed strictly. None for anything else (the helper crashed, was killed,
+    or something printed after it)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[-1].startswith(RESULT_MARKER):
+        return None
+    try:
+        report = strict_json(lines[-1][len(RESULT_MARKER):], "the build helper's result")
+    except HostileFile:
+        return None
+    if not isinstance(report, dict) or report.get("status") not in STATUS_EXIT:
+        return None
+    builds = report.get("builds")
+    if not isinstance(builds, list) or not all(isinstance(b, dict) for b in builds):
+        return None
+    return report
+
+
+def _helper_ended(code: int | None) -> str:
+    return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
 
 
 def compile_candidate(path: Path, timeout: float, device: str, *, problem: str | None = None) -> CompileOutcome:
     """Syntax, then (for a candidate that builds native code) one sandboxed import with its builds.
     `problem`: the problem's loader spec, loaded there first (a PKB checkout's solutions import its
-    `utils` at import time, and only loading the problem makes that package importable)."""
+    `utils` at import time, and only loading the problem makes that package importable).
+
+    Fail closed: the build counts as done only when harness.precompile reported success (its result line,
+    parsed strictly) and exited 0; only then is it cached. A helper that crashed, was killed, printed
+    too much or reported nothing is the candidate's compile_error (its code ran in that process)."""
+    path = Path(path).resolve()  # the helper runs in the checkout: a relative path would name another file
     raw = path.read_bytes()
     source = raw.decode(errors="replace")
     outcome = check_syntax(source, str(path))
     if not outcome.ok or not may_build(source):
         return outcome
     entry = entry_for(raw, problem)
-    if (entry / DONE).exists():
-        return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True,
-                              builds=json.loads((entry / DONE).read_text() or "[]"))
+    cached = cached_builds(entry)
+    if cached is not None:
+        return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=cached)
     started, started_wall = time.perf_counter(), time.time()
     sandbox = probe()
     command = [sys.executable, "-m", "harness.precompile", str(path), *(["--problem", problem] if problem else [])]
@@ -132,24 +202,60 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
             policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda",
                                    visible=visible_for(path, problem))
             command = policy.bwrap_command(command, REPO_ROOT)
-        else:
-            env = worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)})
-        proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            cleanup = stop_build(proc, build, started_wall)
-            return CompileOutcome(False, time.perf_counter() - started, failures.COMPILE_ERROR,
-                                  f"compilation did not finish within {timeout:.0f} s", native=True, cleanup=cleanup)
-        text = out.decode(errors="replace")
-        seconds = time.perf_counter() - started
-        builds = _builds_reported(text)
-        if proc.returncode == 3:  # precompile's code for "a build failed"
-            return CompileOutcome(False, seconds, failures.COMPILE_ERROR, "native build failed",
-                                  trim_compiler_output(text), native=True, builds=builds)
-        _store(build, entry, builds)
+        else:  # candidate code runs here too: the same allow-listed environment, no secret of the harness
+            env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)}), scratch)
+        with Folder.open(build) as build_files:  # held from before the helper runs: no link it plants is followed
+            proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
+            try:
+                out = read_bounded(proc, timeout)
+                if out.timed_out or out.over_cap:
+                    cleanup = stop_build(proc, build, started_wall)
+                    why = (f"did not finish within {timeout:.0f} s" if out.timed_out else
+                           f"printed more than {HELPER_OUTPUT_CAP >> 20} MiB")
+                    return CompileOutcome(False, time.perf_counter() - started, failures.COMPILE_ERROR,
+                                          f"compilation {why}", native=True, cleanup=cleanup)
+            finally:
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            text = out.tail.decode(errors="replace")
+            seconds = time.perf_counter() - started
+            report = parse_report(text)
+            if report is None or proc.returncode != STATUS_EXIT[report["status"]]:
+                said = "without reporting a result" if report is None else f"reporting {report['status']!r}"
+                return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
+                                      f"the build helper {_helper_ended(proc.returncode)} {said}: the candidate's "
+                                      "import did not complete", trim_compiler_output(text), native=True)
+            builds = report["builds"]
+            if report["status"] == BUILD_FAILED_STATUS:
+                return CompileOutcome(False, seconds, failures.COMPILE_ERROR, "native build failed",
+                                      trim_compiler_output(text), native=True, builds=builds)
+            if report["status"] == IMPORT_FAILED_STATUS:
+                # Not the compiler: the ranks import it again and judge what it raises. Nothing is cached, so
+                # the next compile looks again.
+                return CompileOutcome(True, seconds, native=True, evidence=text[-500:], builds=builds,
+                                      message=f"import {report.get('import', 'failed')} (not a build failure; "
+                                              "the ranks will report it)")
+            try:
+                _store(build_files, entry, builds)
+            except HostileFile as err:
+                return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
+                                      f"the build's output was refused: {err}", native=True, builds=builds)
     return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry, builds=builds)
+
+
+def cached_builds(entry: Path) -> list[dict[str, Any]] | None:
+    """The builds of a complete cache entry (its DONE file, read as hostile and strictly), or None: absent,
+    half-written, or not what the trusted side wrote."""
+    try:
+        if not stat.S_ISDIR(os.lstat(entry).st_mode):
+            return None
+        builds = read_json(entry / DONE, 1 << 20)
+    except (OSError, HostileFile):
+        return None
+    if not isinstance(builds, list) or not all(isinstance(b, dict) for b in builds):
+        return None
+    return builds
 
 
 def visible_for(candidate: Path, problem: str | None) -> tuple[Path, ...]:
@@ -161,14 +267,18 @@ def visible_for(candidate: Path, problem: str | None) -> tuple[Path, ...]:
     return tuple(folders)
 
 
-def _store(build: Path, entry: Path, builds: list[dict[str, Any]]) -> None:
-    """Move a finished build into the cache (the trusted side writes it; a half-written entry never counts)."""
+def _store(build: Folder, entry: Path, builds: list[dict[str, Any]]) -> None:
+    """Copy a finished build into the cache (the trusted side writes it; a half-written entry never counts).
+    The build folder is the helper's, written by candidate code: copied file by file, no link or special
+    file, within BUILD_BYTES_LIMIT. An entry that is not a complete one (planted, broken) is replaced."""
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=entry.parent))
     try:
-        shutil.copytree(build, staging / "ext", symlinks=True)
-        for lock in (staging / "ext").glob("*/lock"):
-            lock.unlink(missing_ok=True)
-        (staging / "ext" / DONE).write_text(json.dumps(builds))
+        copy_tree_out(build, staging / "ext", max_bytes=BUILD_BYTES_LIMIT, max_files=BUILD_FILES_LIMIT,
+                      skip=lambda name: name == "lock")
+        replace_file(staging / "ext" / DONE, json.dumps(builds).encode())
+        if os.path.lexists(entry) and cached_builds(entry) is None:
+            aside = staging / "broken"
+            os.rename(entry, aside)  # removed with the staging folder
         try:
             os.replace(staging / "ext", entry)
         except OSError:  # another evaluation of the same source stored it first
@@ -179,24 +289,41 @@ def _store(build: Path, entry: Path, builds: list[dict[str, Any]]) -> None:
 
 def private_copy(entry: Path | None, folder: Path) -> Path:
     """A rank sandbox's own copy of a cache entry (torch writes lock files and logs into it), at `folder`."""
-    if entry is not None and entry.is_dir():
-        shutil.copytree(entry, folder, symlinks=True)
+    if entry is not None and cached_builds(entry) is not None:
+        with Folder.open(entry) as source:
+            copy_tree_out(source, folder, max_bytes=BUILD_BYTES_LIMIT, max_files=BUILD_FILES_LIMIT)
     else:
         folder.mkdir(parents=True)
     return folder
 
 
-def keep_lazy_builds(copy: Path, entry: Path | None) -> list[str]:
+def keep_lazy_builds(copy: Folder, entry: Path | None) -> list[str]:
     """After an evaluation: extensions the ranks built in their first call (which no compile stage could
-    see coming) go into the cache entry of this source, so the next evaluation of it finds them."""
-    if entry is None or not copy.is_dir():
+    see coming) go into the cache entry of this source, so the next evaluation of it finds them. `copy` is
+    the ranks' extension folder (they could write anything there), held open since before they started: a
+    build is kept only if it is plain files and folders within the limits; anything else is left out."""
+    if entry is None or cached_builds(entry) is None:
         return []
-    entry.mkdir(parents=True, exist_ok=True)
     added = []
-    for built in copy.iterdir():
-        if built.is_dir() and not (entry / built.name).exists() and any(built.glob("*.so")):
-            shutil.copytree(built, entry / built.name, symlinks=True, ignore=shutil.ignore_patterns("lock"))
-            added.append(built.name)
+    for name, kind in copy.entries():
+        if kind != "dir" or os.path.lexists(entry / name):
+            continue
+        try:
+            with copy.sub(name) as built:
+                if not any(k == "file" and n.endswith(".so") for n, k in built.entries()):
+                    continue
+                staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=entry))
+                try:
+                    copy_tree_out(built, staging / name, max_bytes=BUILD_BYTES_LIMIT, max_files=BUILD_FILES_LIMIT,
+                                  skip=lambda n: n == "lock")
+                    os.rename(staging / name, entry / name)
+                    added.append(name)
+                except OSError:  # another evaluation kept it first
+                    pass
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        except HostileFile:
+            continue
     return added
 
 

@@ -123,6 +123,7 @@ class _Evaluation:
         self.reference: ReferenceRun | None = None
         self.pool: RankPool | None = None
         self.ext_copy: Path | None = None
+        self.ext_files: hostile_files.Folder | None = None  # ext_copy, held open before the ranks can write it
         self.ext_entry: Path | None = None
 
     # -- the record ---------------------------------------------------------------------------
@@ -240,6 +241,7 @@ class _Evaluation:
                                       limits.reference_s, gpus=self.gpus, start_s=limits.start_s,
                                       ranks_per_gpu=self.config.ranks_per_gpu).launch()
         self.ext_copy = private_copy(self.ext_entry, self.folder / "extensions")
+        self.ext_files = hostile_files.Folder.open(self.ext_copy)
         self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
                              gpus=self.gpus, role="candidate", extensions=self.ext_copy,
                              visible=visible_for(self.path, self.problem.loader_spec),
@@ -483,20 +485,27 @@ class _Evaluation:
                 self.evidence["timing_inconsistent"] = inconsistent
 
     def cleanup(self) -> None:
+        """Every process and folder of the evaluation goes, whatever fails on the way (it raises after)."""
         teardown = time.perf_counter()
-        if self.reference is not None:
-            self.reference.kill()
-        if self.pool is not None:
-            if self.failure is None:
-                self.pool.close()
-            else:
-                self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-        if self.ext_copy is not None and self.failure is None:
-            added = keep_lazy_builds(self.ext_copy, self.ext_entry)
-            if added:
-                self.evidence["lazy_builds_kept"] = added
-        shutil.rmtree(self.folder, ignore_errors=True)
-        self.stages["teardown"] = time.perf_counter() - teardown
+        try:
+            if self.reference is not None:
+                self.reference.kill()
+            if self.pool is not None:
+                if self.failure is None:
+                    self.pool.close()
+                else:
+                    self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
+            if self.ext_files is not None and self.failure is None:
+                added = keep_lazy_builds(self.ext_files, self.ext_entry)
+                if added:
+                    self.evidence["lazy_builds_kept"] = added
+        finally:
+            if self.pool is not None:
+                self.pool.kill()  # nothing when closed already
+            if self.ext_files is not None:
+                self.ext_files.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.stages["teardown"] = time.perf_counter() - teardown
 
 
 def _required(problem: Problem) -> list[str]:

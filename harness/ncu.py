@@ -258,7 +258,7 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
         return max(1.0, deadline - time.monotonic())
 
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape,
-                            "candidate": str(candidate) if candidate else None}
+                            "candidate": str(Path(candidate).resolve()) if candidate else None}
     # Nsight Compute needs the GPU's performance counters, which the sandbox's user namespace cannot reach:
     # this pool runs the candidate unsandboxed (tests/exploits/README.md lists it). It decides nothing.
     pool = RankPool(world_size, "cuda", start_timeout=min(left(), 150.0), role="candidate", sandbox=False,

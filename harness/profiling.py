@@ -415,24 +415,34 @@ def merge(replies: Sequence[dict[str, Any]]) -> tuple[list[RankTimeline], int, f
     return ranks, slowest, skew
 
 
-def _ask(pool: RankPool, message: dict[str, Any], timeout: float, what: str) -> list[dict[str, Any]]:
-    from harness.pool import Hang  # parent side only: the rank workers import this module, never the pool
+def _claimed(reply: dict[str, Any], candidate: bool) -> ProfileError:
+    """A rank's report of its own failure. A candidate's rank cannot make it anything but its failure (not
+    correct, not infra_error, which nobody is charged for); a trusted pool's failure is the harness's."""
+    verdict = reply.get("verdict")
+    if not candidate:
+        verdict = failures.INFRA_ERROR
+    elif verdict not in failures.VERDICTS or verdict in (failures.CORRECT, failures.INFRA_ERROR):
+        verdict = failures.RUNTIME_ERROR
+    return ProfileError(str(reply.get("message", "failed"))[:1500], str(verdict), str(reply.get("evidence", ""))[:4000])
 
+
+def _ask(pool: RankPool, message: dict[str, Any], timeout: float, what: str) -> list[dict[str, Any]]:
+    from harness.pool import Hang, PoolError, RankMisbehaved  # parent side only: ranks never import the pool
+
+    candidate = pool.role == "candidate"
     try:
         replies = pool.request(message, timeout=timeout)
     except Hang as hang:
         failed = [r for r in hang.replies.values() if not r.get("ok")]
         if failed:
-            first = min(failed, key=lambda r: r["rank"])
-            raise ProfileError(first.get("message", "failed"), first.get("verdict", failures.INFRA_ERROR),
-                               first.get("evidence", "")) from hang
+            raise _claimed(min(failed, key=lambda r: int(r.get("rank", 0))), candidate) from hang
         raise ProfileError(f"{what}: rank(s) {hang.missing} did not finish within {timeout:.0f} s",
-                           failures.DEADLOCK) from hang
+                           failures.DEADLOCK if candidate else failures.INFRA_ERROR) from hang
+    except (RankMisbehaved, PoolError) as err:  # past start-up a candidate pool stops with its ranks
+        raise ProfileError(f"{what}: {err}", failures.RUNTIME_ERROR if candidate else failures.INFRA_ERROR) from err
     bad = [r for r in replies if not r.get("ok")]
     if bad:
-        first = min(bad, key=lambda r: r["rank"])
-        raise ProfileError(first.get("message", "failed"), first.get("verdict", failures.INFRA_ERROR),
-                           first.get("evidence", ""))
+        raise _claimed(min(bad, key=lambda r: int(r.get("rank", 0))), candidate)
     return replies
 
 
@@ -472,12 +482,16 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
         replies = _ask(pool, {"op": "profile", **base, "seed": seed, "warmup": warmup, "iters": iters,
                               "mode": "timeline", "tag": uuid.uuid4().hex[:12]}, timeout, "profile")
         pool.close()
-    except PoolError as err:
+    except PoolError as err:  # the pool did not start: no candidate code had run
         raise ProfileError(str(err)) from err
     finally:
         pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
         shutil.rmtree(folder, ignore_errors=True)
-    ranks, slowest, skew = merge(replies)
+    try:
+        ranks, slowest, skew = merge(replies)
+    except (KeyError, TypeError, ValueError) as err:  # a reply is a claim: one that is not a profile is a failure
+        raise ProfileError(f"a rank's profile could not be read: {type(err).__name__}: {err}"[:600],
+                           failures.RUNTIME_ERROR if candidate is not None else failures.INFRA_ERROR) from err
     if any(r.window_source.startswith("whole profile") for r in ranks):
         notes.append("no spin markers in the trace: windows span the whole profile, harness barriers included")
     report = ProfileReport(problem=problem.name, target=candidate.name if candidate else "reference", shape=shape,

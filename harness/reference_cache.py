@@ -6,7 +6,9 @@ loaded a candidate), and sandboxes cannot see the cache folder at all. Without a
 runs as the harness's user and could write the file, so every entry carries an HMAC-SHA256 tag under a
 key kept beside it (mode 0600): an entry whose tag does not verify for its key is ignored, and the
 reference is timed again. (Without a sandbox the candidate can read that key too; with one, it cannot
-see the folder.)
+see the folder.) Every file here is read as hostile (harness.hostile_files): a link, a FIFO, a folder or
+garbage planted at the cache's, its key's or its lock's path makes a lookup miss and a store skip, never
+an evaluation fail or hang.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ import hmac
 import json
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from harness.cache_dir import cache_root
+from harness.hostile_files import HostileFile, Missing, read_bytes, read_json, replace_file
 from harness.results import TimingStats
+
+CACHE_LIMIT = 64 << 20  # bytes of the cache file read (an entry is about 1 KB)
 
 
 def cache_file() -> Path:
@@ -33,22 +39,39 @@ def cache_file() -> Path:
     return root / "reference_timings.json"
 
 
+def _parse_key(data: bytes) -> bytes | None:
+    text = data.decode("ascii", errors="replace").strip()
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        return None
+    return bytes.fromhex(text)
+
+
 def _key() -> bytes:
+    """The signing key: read as hostile (a file planted there must not block, crash or be trusted when
+    malformed); made on first use; replaced when what stands there is not a key (entries signed with the
+    lost key then fail their tags and the reference is timed again)."""
     path = cache_file().with_name("reference_timings.key")
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except (OSError, ValueError):
-        pass
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".key-")
-    with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
-        f.write(secrets.token_hex(32))
-    try:
-        os.link(tmp, path)  # first writer wins; a concurrent one reads the winner's key
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-    return bytes.fromhex(path.read_text().strip())
+    for _ in range(3):
+        try:
+            key = _parse_key(read_bytes(path, 256))
+        except Missing:
+            key = None
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".key-")
+            with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
+                f.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # first writer wins; a concurrent one reads the winner's key
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            continue
+        except HostileFile:
+            key = None
+        if key is not None:
+            return key
+        replace_file(path, secrets.token_hex(32).encode(), mode=0o600)
+    raise OSError(f"{path}: no usable signing key could be made")
 
 
 def _tag(key: str, stats: dict[str, Any]) -> str:
@@ -57,24 +80,26 @@ def _tag(key: str, stats: dict[str, Any]) -> str:
 
 
 def _read(path: Path) -> dict[str, object]:
-    """The cache's entries, unchecked (lookup checks each); {} when the file is missing or not a JSON object."""
+    """The cache's entries, unchecked (lookup checks each); {} when the file is missing, not a plain file, too
+    large or not a JSON object."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, CACHE_LIMIT)
+    except (OSError, HostileFile):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def lookup(key: str) -> TimingStats | None:
-    """The cached stats, or None when absent, malformed or not signed by this cache's key."""
+    """The cached stats, or None when absent, malformed, not signed by this cache's key, or the cache cannot
+    be read at all. Never raises: a planted cache must not stop an honest evaluation."""
     entry = _read(cache_file()).get(key)
     if not isinstance(entry, dict) or not isinstance(entry.get("stats"), dict):
         return None
-    if not hmac.compare_digest(str(entry.get("tag", "")), _tag(key, entry["stats"])):
-        return None
     try:
+        if not hmac.compare_digest(str(entry.get("tag", "")), _tag(key, entry["stats"])):
+            return None
         stats = TimingStats.model_validate(entry["stats"])
-    except ValueError:
+    except (OSError, ValueError, TypeError):
         return None
     return stats.model_copy(update={"cached": True})
 
@@ -82,24 +107,33 @@ def lookup(key: str) -> TimingStats | None:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock beside the cache: concurrent evaluations (pkb run --concurrency, several runs on
-    one node) each add their entry instead of the last writer dropping the others'."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    one node) each add their entry instead of the last writer dropping the others'. The lock file is opened
+    without following a link or blocking on a FIFO; anything but a plain file there is OSError."""
+    fd = os.open(path.with_name(path.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path.name}.lock is not a plain file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
-def store(key: str, stats: TimingStats) -> None:
+def store(key: str, stats: TimingStats) -> bool:
     """Locked read-modify-write, replaced atomically: no entry is lost to a concurrent writer, and a
-    reader (which takes no lock) never sees a half-written file."""
-    path = cache_file()
-    with _locked(path):
-        data = _read(path)
-        dumped = stats.model_dump()
-        data[key] = {"stats": dumped, "tag": _tag(key, dumped)}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ref-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+    reader (which takes no lock) never sees a half-written file. False (nothing stored) where the cache's
+    files cannot be used: the evaluation goes on, the reference is timed again next time."""
+    try:
+        path = cache_file()
+        with _locked(path):
+            data = _read(path)
+            dumped = stats.model_dump()
+            data[key] = {"stats": dumped, "tag": _tag(key, dumped)}
+            replace_file(path, json.dumps(data, indent=1, sort_keys=True).encode(), mode=0o600)
+        return True
+    except OSError:
+        return False

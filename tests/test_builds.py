@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness import builds
+from harness.compile import parse_report
 from harness.parallelkernelbench import checkout
 from harness.problem import import_file, module_name_for
 
@@ -138,7 +139,8 @@ def test_precompile_builds_the_lazy_extension_into_the_cache_the_first_call_hits
     extensions = tmp_path / "ext"
     proc = _precompile(LAZY, extensions)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = parse_report(proc.stdout)
+    assert report is not None and report["status"] == "ok"
     (build,) = report["builds"]
     assert build["ok"] is True and build["name"] == "pkb_fixture_scaled_copy" and build["seconds"] > 0
     assert report["undiscovered"] == 0 and report["import"] == "ok"
@@ -170,5 +172,6 @@ def test_a_lazy_build_that_fails_in_the_compiler_exits_3_with_its_lines(tmp_path
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "build of pkb_fixture_broken (cpp_extension.load, called in solution line 7) failed" in proc.stdout
     assert "broken.cpp" in proc.stdout and "error" in proc.stdout
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = parse_report(proc.stdout)
+    assert report is not None and report["status"] == "build_failed"
     assert report["builds"][0]["ok"] is False and "Error building extension" in report["builds"][0]["error"]

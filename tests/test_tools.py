@@ -190,17 +190,19 @@ def test_bad_arguments_come_back_as_text(all_reduce, tmp_path):
     assert not (tmp_path / "candidates").exists() or not list((tmp_path / "candidates").iterdir())
 
 
-def test_a_harness_failure_is_an_infra_error_not_an_exception(all_reduce, tmp_path, monkeypatch):
+def test_a_tool_that_raises_on_a_candidate_charges_it_never_an_exception(all_reduce, tmp_path, monkeypatch):
+    """Fail closed: a tool that raised while a candidate was involved books the candidate's runtime_error,
+    never an infra_error (which would invite another draw of the same verdict)."""
     def broken(*args, **kwargs):
-        raise RuntimeError("the pool could not start")
+        raise RuntimeError("the judge choked on a file")
 
     monkeypatch.setattr("tools.check.evaluate", broken)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("check", {"source": source(RIGHT)}, ctx)
-    assert o.data["verdict"] == "infra_error" and "the pool could not start" in o.text
-    assert "not a verdict on your code" in o.text
+    assert o.data["verdict"] == "runtime_error" and "the judge choked on a file" in o.text
+    assert "counts as the candidate's runtime_error" in o.text
     record = json.loads(o.candidate.with_suffix(".json").read_text())  # the call is still on record
-    assert record["data"]["verdict"] == "infra_error"
+    assert record["data"]["verdict"] == "runtime_error"
 
 
 def test_gpu_seconds_are_wall_time_with_ranks_up_times_world_size(all_reduce, tmp_path, monkeypatch, sample):

@@ -36,10 +36,9 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         return ToolOutcome("compile", bounded(ctx, [text]), data, 0.0, candidate)
     blocks = [Block(f"compile: OK. The file was imported in a separate process in {outcome.seconds:.1f} s and "
                     "its native builds (if it builds at import) are cached for check and bench.")]
-    note = outcome.evidence.strip()
-    if "import raised" in note:
-        # precompile could not import the file for a reason other than a build failure.
-        blocks.append(Block(f"note: {note.splitlines()[-1]}. Builds that run only inside solution() (or "
+    if outcome.message:
+        # precompile could not import the file for a reason other than a build failure (nothing was cached).
+        blocks.append(Block(f"note: {outcome.message}. Builds that run only inside solution() (or "
                             "kernels CuPy compiles at their first launch) were not compiled here; `check` "
                             "will report their errors.", "tail"))
     return ToolOutcome("compile", bounded(ctx, blocks), data, 0.0, candidate)

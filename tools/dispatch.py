@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 from tools import render
@@ -36,11 +37,24 @@ def run_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
     except ToolInputError as err:
         outcome = ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
                               {"tool": name, "error": "bad_arguments", "message": str(err)}, candidate=candidate)
-    except Exception as exc:  # the harness's own failure: reported as such, never charged to the model
-        text = (f"{name}: the tool itself failed ({type(exc).__name__}: {exc}). This is an infrastructure "
-                "error, not a verdict on your code; you may call the tool again.")
-        outcome = ToolOutcome(name, render.truncate(text, ctx.answer_tokens),
-                              {"tool": name, "verdict": "infra_error", "error": f"{type(exc).__name__}: {exc}",
-                               "traceback": traceback.format_exc()[-4000:]}, candidate=candidate)
+    except Exception as exc:  # noqa: BLE001 - a tool call always ends with an answer
+        outcome = _unexpected(name, exc, ctx, candidate)
     save_record(outcome, ctx)
     return outcome
+
+
+def _unexpected(name: str, exc: Exception, ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
+    """A tool that raised. The harness turns every failure a candidate can cause into a verdict, so this is
+    rare; with a candidate involved it still counts as the candidate's runtime_error (fail closed: an
+    infra_error would invite the model to call again for another draw). Without one, it is the harness's."""
+    error = f"{type(exc).__name__}: {exc}"
+    data: dict[str, Any] = {"tool": name, "error": error, "traceback": traceback.format_exc()[-4000:]}
+    if candidate is not None:
+        text = (f"{name}: the tool failed while handling this candidate ({error}); this counts as the candidate's "
+                "runtime_error.")
+        data.update(verdict="runtime_error")
+    else:
+        text = (f"{name}: the tool itself failed ({error}). This is an infrastructure error, not a verdict on your "
+                "code; you may call the tool again.")
+        data.update(verdict="infra_error", infra_cause="harness")
+    return ToolOutcome(name, render.truncate(text, ctx.answer_tokens), data, candidate=candidate)

@@ -137,7 +137,7 @@ def infra_result(request: EvalRequest, message: str, *, evidence: str = "", phas
         device=request.device,
         candidate=CandidateInfo(path=request.candidate_name, sha256=hashlib.sha256(request.source_bytes).hexdigest()),
         verdict=failures.INFRA_ERROR, correct=False,
-        failure=Failure(verdict=failures.INFRA_ERROR, message=message, phase=phase,
+        failure=Failure(verdict=failures.INFRA_ERROR, message=message, phase=phase, infra_cause="executor",
                         evidence=evidence[-MAX_EVIDENCE_CHARS:]),
         seed=config.seed, trials=config.trials, environment={"executor": executor or {}},
         config=config.model_dump(),
