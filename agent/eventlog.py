@@ -11,6 +11,12 @@ from typing import IO, Any
 
 import structlog
 
+from harness.redaction import redact_text
+
+
+def _redacted(logger: Any, method: str, line: Any) -> Any:
+    return redact_text(line) if isinstance(line, str) else line
+
 
 def open_event_log(path: Path) -> tuple[Any, IO[str]]:
     """A structlog logger appending JSON lines to `path` (thread-safe; one object per line)."""
@@ -31,6 +37,7 @@ def open_event_log(path: Path) -> tuple[Any, IO[str]]:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks,
             structlog.processors.JSONRenderer(default=str),
+            _redacted,  # the rendered line: no value of the harness's secrets reaches the file
         ],
         context_class=dict,
         cache_logger_on_first_use=False,

@@ -1,4 +1,4 @@
-"""Paths of a run directory (docs/run-layout.md) and the atomic writes every file of it goes through.
+"""Paths of a run directory (docs/run-layout.md) and the atomic, redacted writes every file of it goes through.
 
 A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target:
 a reader (or a resumed run) sees the old file or the new one, never half of one, whatever moment the
@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from harness.redaction import redact_bytes
 
 RUN_SCHEMA = "pkb-run/1"
 SAMPLE_SCHEMA = "pkb-sample/1"
@@ -40,6 +42,9 @@ FILE_MODE = 0o666 & ~_umask()
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Every record, transcript and report of a run goes through here: redacted (harness.redaction: no value
+    of the harness's secret environment variables is written), then written atomically."""
+    data = redact_bytes(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

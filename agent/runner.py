@@ -364,11 +364,13 @@ class Runner:
     def run(self) -> RunSummary:
         from langgraph.checkpoint.sqlite import SqliteSaver
 
+        from agent.checkpoint_serde import RedactingSerializer  # deferred with LangGraph's saver
+
         specs = self.plan()
         summary = RunSummary(run_id=self.run_dir.path.name, total=len(specs))
         self.log, handle = open_event_log(self.run_dir.events)
         conn = sqlite3.connect(str(self.run_dir.checkpoints), check_same_thread=False)
-        self._saver = SqliteSaver(conn)
+        self._saver = SqliteSaver(conn, serde=RedactingSerializer())
         self._saver.setup()
         lock = threading.Lock()
         try:

@@ -11,7 +11,7 @@ left. Linux only (it reads /proc); elsewhere only the command's own group is end
 A program that rewrites its own environment before exec'ing could hide from the scan: this is meant for
 trusted launchers (PKB's own scripts) running code that was never written to evade it, not as a sandbox.
 
-Standard library only.
+Standard library only (and harness.hostile_files, which is).
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.hostile_files import HostileFile, read_tail
+
 TOKEN_VAR = "PKB_CONTAINED_RUN_TOKEN"
 GRACE_S = 3.0  # after SIGTERM, how long processes get to exit before SIGKILL
 REAP_S = 15.0  # how long to keep killing and waiting for the token's processes to disappear
 PROC = Path("/proc")
+OUTPUT_KEPT = 16 << 20  # bytes of the command's stdout and of its stderr read back (the end of each)
 
 
 @dataclass
@@ -128,6 +131,15 @@ def run_contained(command: Sequence[str], *, timeout_s: float, cwd: str | Path |
                 proc.kill()
             proc.wait()
     wall = time.monotonic() - started
-    return RunOutcome(returncode=returncode, stdout=out_path.read_text(errors="replace"),
-                      stderr=err_path.read_text(errors="replace"), wall_s=wall, timed_out=timed_out, token=token,
-                      leftovers=[p for p in leftovers if p != proc.pid], survivors=survivors)
+    return RunOutcome(returncode=returncode, stdout=_tail(out_path), stderr=_tail(err_path), wall_s=wall,
+                      timed_out=timed_out, token=token, leftovers=[p for p in leftovers if p != proc.pid],
+                      survivors=survivors)
+
+
+def _tail(path: Path) -> str:
+    """The last OUTPUT_KEPT bytes the command wrote: whatever ran in it (a solution, in PKB's harness) may have
+    written gigabytes, and its verdict lines come last."""
+    try:
+        return read_tail(path, OUTPUT_KEPT).decode(errors="replace")
+    except (OSError, HostileFile):
+        return ""

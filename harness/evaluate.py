@@ -48,6 +48,7 @@ from harness.parallelkernelbench import input_report
 from harness.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.problem import Problem
 from harness.rank import transport
+from harness.redaction import redact_value, secret_names
 from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
 
@@ -79,6 +80,14 @@ def _failure_from(reply: dict[str, Any], phase: str) -> tuple[Failure, list[str]
         phase=phase,
         evidence=str(reply.get("evidence", ""))[:4000],
     ), [f for f in reply.get("flags", []) if isinstance(f, str)]
+
+
+def redacted(result: EvalResult) -> EvalResult:
+    """The record with every value of the harness's secrets replaced (harness.redaction): its messages,
+    evidence and stacks carry what candidate code printed or made the harness read."""
+    if not secret_names():
+        return result
+    return EvalResult.model_validate(redact_value(result.model_dump()))
 
 
 def _first_failure(replies: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,7 +143,7 @@ class _Evaluation:
             speedup = self.timings.reference.median_ms / self.timings.candidate.median_ms
         emulated = self.config.ranks_per_gpu > 1
         all_flags = sorted(set(self.flags) | ({EMULATED} if emulated else set()))
-        return EvalResult(
+        return redacted(EvalResult(
             problem=self.problem.name, category=self.problem.category, origin=self.problem.origin, shape=self.shape,
             world_size=self.world_size, device=self.device,
             candidate=CandidateInfo(path=str(self.path), sha256=hashlib.sha256(self.source).hexdigest()),
@@ -144,7 +153,7 @@ class _Evaluation:
             seed=self.config.seed, trials=self.config.trials, fast_eligible=fast_eligible(all_flags), emulated=emulated,
             integrity=self.evidence, stages={k: round(v, 4) for k, v in self.stages.items()},
             environment=environment(), config=self.config.model_dump(),
-        )
+        ))
 
     def ask(self, pool: RankPool, message: Any, phase: str, timeout: float,
             build_allowance: float = 0.0) -> list[dict[str, Any]]:

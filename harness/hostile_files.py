@@ -382,10 +382,12 @@ def _copy_fd(src: int, dst: int, size: int) -> None:
 
 
 def copy_tree_out(source: Folder, dest: Path, *, max_bytes: int, max_files: int,
-                  skip: Callable[[str], bool] | None = None) -> int:
+                  skip: Callable[[str], bool] | None = None,
+                  transform: Callable[[bytes], bytes] | None = None) -> int:
     """Copy the tree under `source` (a folder a candidate could write) to the new folder `dest` (the
     trusted side's): regular files and folders only; a link, FIFO or device anywhere is Planted, more than
-    `max_bytes` or `max_files` TooLarge. `skip(name)` leaves entries out by name. Returns the bytes copied."""
+    `max_bytes` or `max_files` TooLarge. `skip(name)` leaves entries out by name; `transform` rewrites each
+    file's bytes (redaction). Returns the bytes copied."""
     total, files = 0, 0
 
     def copy(folder: Folder, target: Path, depth: int) -> None:
@@ -409,7 +411,12 @@ def copy_tree_out(source: Folder, dest: Path, *, max_bytes: int, max_files: int,
                     total += size
                     out = os.open(target / name, _NEW_FLAGS, 0o644)
                     try:
-                        _copy_fd(fd, out, size)
+                        if transform is None:
+                            _copy_fd(fd, out, size)
+                        else:
+                            view = memoryview(transform(_read_fd(fd, size)))
+                            while view:
+                                view = view[os.write(out, view):]
                     finally:
                         os.close(out)
                 finally:

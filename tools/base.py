@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.config import EvalConfig
+from harness.hostile_files import replace_file
 from harness.problem import Problem
+from harness.redaction import redact_text
 from tools import render
 
 CANDIDATES_DIR = "candidates"
@@ -113,9 +114,8 @@ def source_arg(args: dict[str, Any], required: bool = True) -> str | None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Candidate files and their records, redacted (harness.redaction), written atomically."""
+    replace_file(path, redact_text(text).encode())
 
 
 def save_candidate(ctx: ToolContext, source: str) -> Path:

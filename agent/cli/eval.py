@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from agent.cli import emulation
+from agent.cli import emulation, sandbox_gate
 from agent.cli.common import CliError, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
 from agent.rundir import write_text_atomic
@@ -50,6 +51,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agent.cli.source import check_shape, check_world_size, one_in, resolve_source
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate
+    from harness.sandbox import SandboxUnavailable, probe
+
+    try:
+        sandbox = probe()
+    except SandboxUnavailable as err:
+        raise CliError(str(err)) from None
+    if sandbox.backend == "none":  # one file a person chose: scored anyway, never silently
+        print(f"pkb eval: warning: the candidate runs unsandboxed ({sandbox.reason}); "
+              f"install bubblewrap ({sandbox_gate.INSTALL}) for the sandbox", file=sys.stderr)
 
     problem = one_in(resolve_source(args.source), args.problem)
     shape = args.shape or ("default" if args.device == "cuda" else "small")

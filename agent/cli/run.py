@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from agent.budgets import Budget
-from agent.cli import emulation
+from agent.cli import emulation, sandbox_gate
 from agent.cli.common import CliError
 from agent.cli.options import add_executor_arguments, add_source_argument
 
@@ -86,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="leave the programming guide out of the prompt (a condition with the guide tool has it)")
     p.add_argument("--model-retries", type=int, default=5, help="attempts per model call on 429/5xx (default 5)")
     p.add_argument("--runs-dir", default="runs", help="where runs go (default ./runs)")
+    sandbox_gate.add_argument(p)
     add_executor_arguments(p)
 
 
@@ -101,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"--run-id {args.run_id!r}: use letters, digits, '.', '_' and '-' (no '/')")
     if not args.resume and not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
+    sandbox_gate.require(args, "pkb run")
     # Deferred: the run needs the model stack and the harness (langchain, langgraph, torch).
     from agent.cli import run_session
 

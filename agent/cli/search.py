@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.cli import sandbox_gate
 from agent.cli.common import CliError, console, err_console, plain
 from agent.cli.options import add_executor_arguments, executor_from_args
 from agent.model_spec import ProviderError, parse_model_spec
@@ -120,6 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # For tests and benchmarks of the loop: a module with evaluate() (harness.evaluate.evaluate's signature)
     # and optionally bound(problem) -> roofline record, used instead of the harness.
     run.add_argument("--evaluator", help=argparse.SUPPRESS)
+    sandbox_gate.add_argument(p)
     add_executor_arguments(p)
 
 
@@ -250,6 +252,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if args.resume and not args.run_id:
         raise CliError("--resume needs --run-id (the folder name under --runs-dir)")
+    sandbox_gate.require(args, "pkb search")
     directory: SearchDir | None = None
     stored: SearchConfig | None = None
     if args.resume:

@@ -23,6 +23,7 @@ from agent.executors.request import (
     with_candidate_name,
     with_gpus,
 )
+from agent.rundir import write_text_atomic
 from harness.evaluate import evaluate as harness_evaluate
 from harness.pool import REPO_ROOT, SAFE_ENV
 from harness.problem import Problem
@@ -319,7 +320,7 @@ class RayExecutor:
             folder = Path(request.log_dir)
             folder.mkdir(parents=True, exist_ok=True)
             for name, text in reply["logs"].items():
-                (folder / Path(name).name).write_text(text)
+                write_text_atomic(folder / Path(name).name, text)  # redacted, like every record
         return result
 
     def evaluate(self, request: EvalRequest) -> EvalResult:

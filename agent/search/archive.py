@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.redaction import redact_text
+
 SCHEMA = "pkb-search-archive/1"
 DECIDED = "decided"
 PROPOSED = "proposed"
@@ -206,6 +208,17 @@ class Rescore:
     gpu_s: float = 0.0
 
 
+class _Redacting:
+    """The archive's connection for writes: every text parameter passes harness.redaction first, so no value
+    of the harness's secrets (a candidate's output can carry one) reaches the file."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        return self._db.execute(sql, tuple(redact_text(a) if isinstance(a, str) else a for a in args))
+
+
 class Archive:
     """The archive of one search. Thread-safe: one connection, every call under one lock."""
 
@@ -237,11 +250,12 @@ class Archive:
         self.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self) -> Iterator[_Redacting]:
+        """A transaction; every text written through it is redacted first (harness.redaction)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield _Redacting(self._db)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -290,7 +304,7 @@ class Archive:
             self._evaluated(db, slot, outcome)
 
     @staticmethod
-    def _evaluated(db: sqlite3.Connection, slot: int, outcome: dict[str, Any]) -> None:
+    def _evaluated(db: _Redacting, slot: int, outcome: dict[str, Any]) -> None:
         columns = ("verdict", "correct", "failure_phase", "failure_rank", "failure_message", "failure_evidence",
                    "speedup", "candidate_ms", "reference_ms", "roofline_fraction", "binding", "flags",
                    "fast_eligible", "trusted", "gpu_s", "stages", "eval_s", "attempts", "result", "elapsed_s")

@@ -43,13 +43,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import hostile_files
 from harness.contained_run import RunOutcome, run_contained
 from harness.pool import SAFE_ENV
+from harness.redaction import redact_bytes
+from harness.sandbox import clean_environment
 
 # What the checkout's run_local.py needs beside itself (reference/ is read by the input generator too).
 CHECKOUT_PARTS = ("run_local.py", "scripts", "utils", "reference")
 EVAL_JSON_PREFIX = "PKB_EVAL_JSON:"
 DEFAULT_TIMEOUT_S = 1800.0
+KEEP_BYTES, KEEP_FILES = 8 << 30, 100_000  # what `keep_dir` takes of PKB's logs and outputs at most
 # PKB's per-trial line, as utils/run_utils.py prints it: "  trial 0: match | ref 1.234 ms | cuda 0.5 ms |
 # speedup 2.47x" (the timing part only with --measure-perf; a mismatch puts its first error in between).
 _TRIAL_RE = re.compile(r"^\s*trial (\d+): (match|mismatch)\b(.*)$")
@@ -209,10 +213,10 @@ def _rank_means(perf_root: Path | None, job: str, trial: int) -> list[float]:
     means: list[tuple[int, float]] = []
     for path in folder.glob("rank_*_perf.json"):
         m = re.match(r"rank_(\d+)_perf\.json$", path.name)
-        try:
+        try:  # written where the solution ran unsandboxed: read as hostile (no link, no FIFO, bounded, strict)
             if m:
-                means.append((int(m.group(1)), float(json.loads(path.read_text())["wall_time_ms"])))
-        except (OSError, ValueError, KeyError, TypeError):
+                means.append((int(m.group(1)), float(hostile_files.read_json(path, 1 << 20)["wall_time_ms"])))
+        except (OSError, ValueError, KeyError, TypeError, hostile_files.HostileFile):
             continue
     return [v for _, v in sorted(means)]
 
@@ -267,9 +271,14 @@ def parse_pkb_output(stdout: str, stderr: str, returncode: int | None, *, proble
         outcome, verdict = "no_verdict", "infra_error"
         message = f"run_local.py printed no {EVAL_JSON_PREFIX} line (exit {returncode}): " \
                   f"{exception_line(stderr) or exception_line(stdout)}"
-    correct = verdict == "correct" and bool(payload and payload.get("all_ok"))
+    correct = verdict == "correct" and bool(payload and payload.get("all_ok")) and returncode == 0
     if verdict == "correct" and not correct:
-        outcome, verdict, message = "no_verdict", "infra_error", "PKB's trials matched but it did not report all_ok"
+        if payload and payload.get("all_ok"):
+            # Fail closed: a success counts only with run_local's exit code 0; the solution ran in that run
+            outcome, verdict = "no_verdict", "runtime_error"
+            message = f"PKB reported all_ok but run_local.py exited with code {returncode}"
+        else:
+            outcome, verdict, message = "no_verdict", "infra_error", "PKB's trials matched but it did not report all_ok"
     speeds = [t.speedup for t in trials if t.speedup is not None]
     return PkbVerdict(problem=problem, world_size=world_size, correct=correct, verdict=verdict, outcome=outcome,
                       message=message[:1500], failing_job=failing,
@@ -379,7 +388,8 @@ def score_with_pkb(checkout: str | Path, solution: str | Path, problem: Any, wor
         solutions.mkdir()
         shutil.copyfile(solution, solutions / f"{stem}_{backend}.py")
         logs = folder / "logs"
-        env = safe_env()
+        # The solution runs unsandboxed in PKB's ranks: the harness's secrets stay out of their environment.
+        env = safe_env(clean_environment(dict(os.environ), None))
         env.update({
             "PATH": f"{torchrun_shim(folder, python)}{os.pathsep}{env.get('PATH', '')}",
             "TORCH_EXTENSIONS_DIR": str(Path(extensions_dir).resolve() if extensions_dir else folder / "ext"),
@@ -406,9 +416,14 @@ def score_with_pkb(checkout: str | Path, solution: str | Path, problem: Any, wor
         if keep_dir is not None:
             keep = Path(keep_dir)
             keep.mkdir(parents=True, exist_ok=True)
-            for sub in ("run", "logs"):
-                if (folder / sub).exists():
-                    shutil.copytree(folder / sub, keep / sub, dirs_exist_ok=True)
+            for sub in ("run", "logs"):  # written where the solution ran: no link followed, bounded, redacted
+                if (folder / sub).is_dir() and not (folder / sub).is_symlink() and not (keep / sub).exists():
+                    try:
+                        with hostile_files.Folder.open(folder / sub) as kept:
+                            hostile_files.copy_tree_out(kept, keep / sub, max_bytes=KEEP_BYTES, max_files=KEEP_FILES,
+                                                        transform=lambda data: redact_bytes(data, same_length=True))
+                    except hostile_files.HostileFile as err:
+                        verdict.message += f" (PKB's {sub}/ not kept: {err})"
         return verdict
     finally:
         shutil.rmtree(folder, ignore_errors=True)

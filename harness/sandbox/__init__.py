@@ -27,6 +27,7 @@ why a fallback was taken), and `PKB_SANDBOX=require` turns the fallback into an 
 
 from harness.sandbox.policy import (
     EXT_MOUNT,
+    OFF_REASON_VAR,
     SandboxInfo,
     SandboxPolicy,
     SandboxUnavailable,
@@ -34,4 +35,5 @@ from harness.sandbox.policy import (
     probe,
 )
 
-__all__ = ["EXT_MOUNT", "SandboxInfo", "SandboxPolicy", "SandboxUnavailable", "clean_environment", "probe"]
+__all__ = ["EXT_MOUNT", "OFF_REASON_VAR", "SandboxInfo", "SandboxPolicy", "SandboxUnavailable", "clean_environment",
+           "probe"]

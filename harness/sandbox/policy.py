@@ -11,11 +11,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.redaction import SECRET_SUFFIXES, contains_secret
+
 # Inside every sandbox, the folder torch builds extensions in. The same path in the compile stage's
 # sandbox and in the ranks' is what lets a rank reuse the compile stage's build: torch's build files
 # name their folder by absolute path, and a different path means a rebuild.
 EXT_MOUNT = "/tmp/pkb-torch-extensions"
 SANDBOX_UID = 65534  # "nobody": no file of the machine belongs to it
+OFF_REASON_VAR = "PKB_SANDBOX_OFF_BY"  # who turned the sandbox off (e.g. `pkb run --no-sandbox`), for the record
 
 # Environment variables a sandbox keeps (exact names, then prefixes); everything else is dropped, and so
 # is any name that looks like a secret whatever its prefix.
@@ -32,9 +35,13 @@ class SandboxUnavailable(RuntimeError):
 
 
 def clean_environment(env: dict[str, str], scratch: Path | None) -> dict[str, str]:
-    """The environment a sandboxed process gets: the safe names of `env`, caches pointed into the scratch."""
+    """The environment a process that runs candidate code gets, sandboxed or not: the safe names of `env`
+    (an allow-list; nothing that looks like a secret, no value of a secret under another name), caches
+    pointed into the scratch."""
+    secrets = {k for k in env if k.upper().endswith(SECRET_SUFFIXES)}
     kept = {k: v for k, v in env.items()
-            if (k in _KEEP or k.startswith(_KEEP_PREFIXES)) and not any(w in k.upper() for w in _SECRET_WORDS)}
+            if (k in _KEEP or k.startswith(_KEEP_PREFIXES)) and not any(w in k.upper() for w in _SECRET_WORDS)
+            and not contains_secret(v, {s: env[s] for s in secrets})}  # a secret's value under another name
     if scratch is not None:
         kept.update({"TMPDIR": str(scratch / "tmp"), "XDG_CACHE_HOME": str(scratch / "cache"),
                      "TRITON_CACHE_DIR": str(scratch / "cache" / "triton"),
@@ -94,7 +101,7 @@ def probe() -> SandboxInfo:
     recorded as a choice); PKB_SANDBOX=require raises SandboxUnavailable instead of falling back."""
     setting = os.environ.get("PKB_SANDBOX", "auto").lower()
     if setting in ("off", "none", "0"):
-        return SandboxInfo("none", reason="turned off by PKB_SANDBOX=off")
+        return SandboxInfo("none", reason=f"turned off by {os.environ.get(OFF_REASON_VAR) or 'PKB_SANDBOX=off'}")
     version, why = _bwrap_works()
     if version:
         return SandboxInfo("bwrap", version=version)
