@@ -73,7 +73,17 @@ def _parts(path: str | PurePosixPath) -> tuple[str, ...]:
     return parts
 
 
-def _describe(err: OSError) -> str:
+def _describe(err: OSError, name: str | None = None, dir_fd: int | None = None) -> str:
+    """Why an open failed, naming what stands at `name` (in `dir_fd`) where that can be seen without
+    following it."""
+    if name is not None and err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST, errno.EISDIR):
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a folder" if stat.S_ISDIR(mode) else "a plain file" if stat.S_ISREG(mode) else "a special file")
+            return f"is {kind}"
+        except OSError:
+            pass
     if err.errno == errno.ELOOP:
         return "is a symbolic link"
     if err.errno == errno.ENOTDIR:
@@ -145,7 +155,7 @@ class Folder:
         try:
             fd = os.open(path, _DIR_FLAGS)
         except OSError as err:
-            raise Planted(f"{path.name}: the folder cannot be opened: {_describe(err)}") from None
+            raise Planted(f"{path.name}: the folder cannot be opened: {_describe(err, str(path))}") from None
         return cls(path, fd)
 
     def close(self) -> None:
@@ -194,8 +204,10 @@ class Folder:
                 fd = nxt
             return fd
         except OSError as err:
+            where = "/".join(parts[:i + 1])
+            why = _describe(err, name, fd)
             os.close(fd)
-            raise Planted(f"{'/'.join(parts)}: {_describe(err)}") from None
+            raise Planted(f"{where} {why}: not a folder the harness made") from None
         except BaseException:
             os.close(fd)
             raise
@@ -215,7 +227,7 @@ class Folder:
         except FileNotFoundError:
             raise Missing(f"{name} was not written") from None
         except OSError as err:
-            raise Planted(f"{name} cannot be opened ({_describe(err)}): not a plain file") from None
+            raise Planted(f"{name} cannot be opened ({_describe(err, parts[-1], parent)}): not a plain file") from None
         finally:
             os.close(parent)
 
@@ -275,10 +287,11 @@ class Folder:
         parent = self._parent(parts, create=True)
         try:
             return os.open(parts[-1], _NEW_FLAGS, 0o644, dir_fd=parent)
-        except FileExistsError:
-            raise Planted(f"{name} exists already where the harness writes a new file: planted") from None
+        except FileExistsError as err:
+            what = _describe(err, parts[-1], parent)
+            raise Planted(f"{name} exists already where the harness writes a new file ({what}): planted") from None
         except OSError as err:
-            raise Planted(f"{name} cannot be created ({_describe(err)})") from None
+            raise Planted(f"{name} cannot be created ({_describe(err, parts[-1], parent)})") from None
         finally:
             os.close(parent)
 
@@ -318,7 +331,8 @@ class Folder:
                 fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
                 os.close(fd)
         except OSError as err:
-            raise Planted(f"{'/'.join(parts)}: not a folder ({_describe(err)})") from None
+            raise Planted(f"{'/'.join(parts)} {_describe(err, parts[-1], parent)}: not a folder the harness made"
+                          ) from None
         finally:
             os.close(parent)
 
@@ -350,7 +364,7 @@ class Folder:
         except FileNotFoundError:
             raise Missing(f"{'/'.join(parts)} does not exist") from None
         except OSError as err:
-            raise Planted(f"{'/'.join(parts)}: not a folder ({_describe(err)})") from None
+            raise Planted(f"{'/'.join(parts)} {_describe(err, parts[-1], parent)}: not a folder") from None
         finally:
             os.close(parent)
         return Folder(self.path.joinpath(*parts), fd)
@@ -435,7 +449,7 @@ def _open_path(path: Path) -> int:
     except FileNotFoundError:
         raise Missing(f"{path.name} does not exist") from None
     except OSError as err:
-        raise Planted(f"{path.name} cannot be opened ({_describe(err)}): not a plain file") from None
+        raise Planted(f"{path.name} cannot be opened ({_describe(err, str(path))}): not a plain file") from None
 
 
 def read_bytes(path: Path, limit: int) -> bytes:

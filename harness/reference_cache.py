@@ -108,12 +108,22 @@ def lookup(key: str) -> TimingStats | None:
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock beside the cache: concurrent evaluations (pkb run --concurrency, several runs on
     one node) each add their entry instead of the last writer dropping the others'. The lock file is opened
-    without following a link or blocking on a FIFO; anything but a plain file there is OSError."""
-    fd = os.open(path.with_name(path.name + ".lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    without following a link or blocking on a FIFO; anything but a plain file there (planted) is replaced
+    by one first."""
+    lock = path.with_name(path.name + ".lock")
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError:  # a link (ELOOP) or a folder
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        replace_file(lock, b"", mode=0o600)
+        fd = os.open(lock, flags, 0o600)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path.name}.lock is not a plain file")
+            raise OSError(f"{lock.name} is not a plain file")
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield

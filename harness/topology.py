@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
+from harness import hostile_files
 from harness.cache_dir import cache_root
 from harness.config import TimingConfig
 from harness.environment import hardware_key
@@ -527,6 +528,7 @@ def all_reduce_curve(world_size: int, sizes: Sequence[int] = ALL_REDUCE_SIZES, *
     protocol (L2 flush, device spin, device barrier, events); per iteration the slowest rank counts.
     `device="cpu"` runs the same plumbing under gloo with host clocks (tests only: no measurement)."""
     config = (timing or TimingConfig()).model_dump()
+    sizes_list = list(sizes)
     with tempfile.TemporaryDirectory(prefix="pkb-calibrate-") as tmp:
         folder = Path(tmp)
         procs: list[subprocess.Popen[bytes]] = []
@@ -542,9 +544,11 @@ def all_reduce_curve(world_size: int, sizes: Sequence[int] = ALL_REDUCE_SIZES, *
             _wait_all(procs, folder, timeout_s)
         finally:
             _kill_groups(procs)
-        try:
-            ranks = [json.loads((folder / f"rank{r}.json").read_text())["sizes"] for r in range(world_size)]
-        except (OSError, ValueError, KeyError) as err:
+        try:  # every rank exited 0 (_wait_all) and wrote its results, strictly parsed: nothing less counts
+            ranks = [hostile_files.read_json(folder / f"rank{r}.json", 64 << 20)["sizes"] for r in range(world_size)]
+            if any(not isinstance(sizes, list) or len(sizes) != len(sizes_list) for sizes in ranks):
+                raise ValueError("a rank's results do not cover every size")
+        except (OSError, ValueError, KeyError, TypeError, hostile_files.HostileFile) as err:
             raise TopologyError(f"all-reduce calibration wrote no usable results ({err})\n"
                                 f"{_log_tail(folder, 0)}") from None
     points = []
@@ -658,8 +662,8 @@ def load(path: Path | None = None) -> Profile | None:
     if not path.exists():
         return None
     try:
-        return Profile.model_validate_json(path.read_text())
-    except (ValidationError, ValueError, OSError) as err:
+        return Profile.model_validate_json(hostile_files.read_bytes(path, 64 << 20))
+    except (ValidationError, ValueError, OSError, hostile_files.HostileFile) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TopologyError(f"{path} is not a topology profile ({first})") from None
 

@@ -90,23 +90,30 @@ class ReferenceRun:
         replies = self._ask({"op": "ref_trials", "problem": self.problem.loader_spec, "shape": self.shape,
                              "seed": seed, "dir": str(self.folder),
                              "trials": [{"id": t.id, "kind": t.kind} for t in schedule]}, "the correctness trials")
-        for reply in replies:
-            for record in reply["trials"]:
-                self.trials.setdefault(int(record["id"]), {})[reply["rank"]] = record
-                self._note_groups(record.get("groups", []))
-        per_trial = [max(float(by_rank[r].get("seconds", 0.0)) for r in by_rank) for by_rank in self.trials.values()]
+        try:
+            for reply in replies:
+                for record in reply["trials"]:
+                    self.trials.setdefault(int(record["id"]), {})[reply["rank"]] = record
+                    self._note_groups(record.get("groups", []))
+            per_trial = [max(float(by_rank[r].get("seconds", 0.0)) for r in by_rank)
+                         for by_rank in self.trials.values()]
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # fail closed: never a guess
+            raise ReferenceFailed(f"the reference pool's trial records are malformed: {err!r}") from err
         self.trial_seconds = sorted(per_trial)[len(per_trial) // 2] if per_trial else 0.0
 
     def prepare_sets(self, seed: int, config: TimingConfig, fresh: int) -> TimingSets:
         replies = self._ask({"op": "ref_sets", "problem": self.problem.loader_spec, "shape": self.shape,
                              "seed": seed, "trial_base": TIMING_TRIAL_BASE, "fresh": fresh,
                              "config": config.model_dump(), "dir": str(self.folder)}, "the timing inputs")
-        for reply in replies:
-            self._note_groups(reply.get("groups", []))
-        self.sets = TimingSets(count=int(replies[0]["input_sets"]), fresh=fresh,
-                               set_bytes=int(replies[0]["set_bytes"]),
-                               fingerprints={r["rank"]: r["fingerprints"] for r in replies},
-                               mutated=any(r.get("mutated") for r in replies))
+        try:
+            for reply in replies:
+                self._note_groups(reply.get("groups", []))
+            self.sets = TimingSets(count=int(replies[0]["input_sets"]), fresh=fresh,
+                                   set_bytes=int(replies[0]["set_bytes"]),
+                                   fingerprints={r["rank"]: r["fingerprints"] for r in replies},
+                                   mutated=any(r.get("mutated") for r in replies))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise ReferenceFailed(f"the reference pool's timing sets are malformed: {err!r}") from err
         return self.sets
 
     def time(self, config: TimingConfig, seed: int) -> TimingStats:
