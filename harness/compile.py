@@ -116,12 +116,13 @@ class HelperOutput:
     over_cap: bool = False
 
 
-def read_bounded(proc: subprocess.Popen[bytes], timeout: float, cap: int = HELPER_OUTPUT_CAP,
+def read_bounded(proc: subprocess.Popen[bytes], timeout: float, cap: int | None = None,
                  keep: int = HELPER_OUTPUT_KEPT) -> HelperOutput:
     """Read a helper's stdout until it closes and the helper exits, keeping the tail: never more than `keep`
     bytes in memory however much candidate code prints. Stops (leaving the helper running, for the caller
     to end) at `timeout` seconds or past `cap` bytes."""
     assert proc.stdout is not None
+    cap = HELPER_OUTPUT_CAP if cap is None else cap
     fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
     tail, total = bytearray(), 0

@@ -16,6 +16,17 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["PKB_CACHE_DIR"] = str(tmp_path_factory.mktemp("pkb-cache"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_sandbox_where_none_works() -> None:
+    # `pkb run` and `pkb search` refuse to run candidates without a working sandbox unless told so. On a
+    # machine without bubblewrap the suite tells them so, as `--no-sandbox` would (the fallback is what such
+    # a machine runs anyway, and every result records it); where bubblewrap works nothing changes.
+    from harness.sandbox import probe  # deferred: the session fixture, not every import of conftest
+
+    if "PKB_SANDBOX" not in os.environ and probe().backend == "none":
+        os.environ["PKB_SANDBOX"] = "off"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # `@pytest.mark.gpu` needs two GPUs; `@pytest.mark.gpu(count=1)` one (ranks sharing a device).
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,140 @@
+"""harness.compile fails closed: only a build its helper reported as a success, with exit code 0, is one;
+only that is cached; paths handed to the helper are absolute; a helper that crashes, reports nothing, or
+reports something its exit code contradicts is the candidate's compile_error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import compile as build
+from harness.compile import cached_builds, compile_candidate, entry_for, parse_report
+from harness.hostile_files import Folder
+from harness.precompile import RESULT_MARKER
+
+MARKER = "from torch.utils.cpp_extension import load_inline  # a native build: the helper runs\n"
+SYNTAX_ERROR = r'''import torch
+from torch.utils.cpp_extension import load_inline
+
+SOURCE = r"""
+#include <torch/extension.h>
+torch::Tensor twice(torch::Tensor x) { return x +; }
+"""
+_module = load_inline("pkb_test_cxx_syntax_error", cpp_sources=SOURCE, functions=["twice"])
+
+
+def solution(x):
+    return _module.twice(x)
+'''
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    return folder / name
+
+
+def test_the_result_line_is_parsed_strictly():
+    good = RESULT_MARKER + '{"status": "ok", "builds": [], "import": "ok"}'
+    assert parse_report(f"built x\n{good}\n\n")["status"] == "ok"
+    for text in ("", "built x", f"{good}\nprinted after the result", RESULT_MARKER + '{"status": "ok"}',
+                 RESULT_MARKER + '{"status": "fine", "builds": []}', RESULT_MARKER + '{"status": "ok", "builds": [1]}',
+                 RESULT_MARKER + '{"status": "ok", "status": "ok", "builds": []}',
+                 RESULT_MARKER + '{"status": "ok", "builds": []} trailing', '{"status": "ok", "builds": []}'):
+        assert parse_report(text) is None, text
+
+
+@pytest.mark.slow
+def test_a_cxx_syntax_error_is_a_compile_error_from_any_working_directory(tmp_path, monkeypatch):
+    """The runs folder is relative: run from elsewhere, a relative path once named no file in the helper (which
+    works in the checkout), the import 'failed' for another reason, and the broken build came back OK."""
+    _write(tmp_path / "runs" / "s" / "candidates", "000.py", SYNTAX_ERROR)
+    monkeypatch.chdir(tmp_path)
+    relative = Path("runs/s/candidates/000.py")
+    outcome = compile_candidate(relative, 900.0, "cpu")
+    assert not outcome.ok and outcome.verdict == "compile_error", outcome
+    assert outcome.message == "native build failed"
+    assert "main.cpp" in outcome.evidence and "error" in outcome.evidence and "x +;" in outcome.evidence
+    assert cached_builds(entry_for(relative.read_bytes(), None)) is None  # nothing but success is cached
+
+
+def test_a_crashing_helper_is_a_compile_error_and_nothing_is_cached(tmp_path):
+    crash = _write(tmp_path, "crash.py", MARKER + "import os\nos._exit(7)\n\ndef solution(x):\n    return x\n")
+    outcome = compile_candidate(crash, 300.0, "cpu")
+    assert not outcome.ok and outcome.verdict == "compile_error"
+    assert "exited with code 7 without reporting a result" in outcome.message
+    killed = _write(tmp_path, "killed.py", MARKER + "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
+                                                    "def solution(x):\n    return x\n")
+    outcome = compile_candidate(killed, 300.0, "cpu")
+    # bwrap reports a child killed by a signal as exit code 128 + the signal
+    assert not outcome.ok and ("killed by signal 11" in outcome.message or "exited with code 139" in outcome.message)
+    for path in (crash, killed):
+        assert cached_builds(entry_for(path.read_bytes(), None)) is None
+
+
+def test_a_forged_result_contradicted_by_the_exit_code_is_a_compile_error(tmp_path):
+    forged = _write(tmp_path, "forged.py", MARKER + "import os\n"
+                    f"print({RESULT_MARKER!r} + '{{\"status\": \"ok\", \"builds\": []}}', flush=True)\nos._exit(3)\n"
+                    "def solution(x):\n    return x\n")
+    outcome = compile_candidate(forged, 300.0, "cpu")
+    assert not outcome.ok and "reporting 'ok'" in outcome.message
+    late = _write(tmp_path, "late.py", MARKER + "import atexit\natexit.register(print, 'after the result')\n"
+                                                "def solution(x):\n    return x\n")
+    outcome = compile_candidate(late, 300.0, "cpu")
+    assert not outcome.ok and "without reporting a result" in outcome.message
+
+
+def test_only_a_success_is_cached(tmp_path):
+    raising = _write(tmp_path, "raising.py", MARKER + "raise ValueError('not a build')\n")
+    outcome = compile_candidate(raising, 300.0, "cpu")
+    assert outcome.ok and "raised ValueError" in outcome.message and not outcome.cached
+    assert cached_builds(entry_for(raising.read_bytes(), None)) is None  # looked at again next time
+    fine = _write(tmp_path, "fine.py", MARKER + "def solution(x):\n    return x\n")
+    first = compile_candidate(fine, 300.0, "cpu")
+    assert first.ok and not first.cached and cached_builds(entry_for(fine.read_bytes(), None)) == []
+    second = compile_candidate(fine, 300.0, "cpu")
+    assert second.ok and second.cached
+
+
+def test_a_build_folder_with_a_planted_link_is_refused_not_cached(tmp_path):
+    planted = _write(tmp_path, "planted.py", MARKER + "import os\n"
+                     "os.symlink('/etc/shadow', os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], 'escape'))\n"
+                     "def solution(x):\n    return x\n")
+    outcome = compile_candidate(planted, 300.0, "cpu")
+    assert not outcome.ok and "the build's output was refused" in outcome.message and "escape" in outcome.message
+    assert cached_builds(entry_for(planted.read_bytes(), None)) is None
+
+
+def test_a_helper_that_prints_too_much_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "HELPER_OUTPUT_CAP", 1 << 20)
+    loud = _write(tmp_path, "loud.py", MARKER + "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n")
+    outcome = compile_candidate(loud, 300.0, "cpu")
+    assert not outcome.ok and "printed more than 1 MiB" in outcome.message
+
+
+def test_a_broken_cache_entry_is_a_miss_and_is_replaced(tmp_path):
+    fine = _write(tmp_path, "entry.py", MARKER + "def solution(x):\n    return 2 * x\n")
+    entry = entry_for(fine.read_bytes(), None)
+    entry.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(entry / build.DONE)  # planted: a reader that opened it would block
+    assert cached_builds(entry) is None
+    outcome = compile_candidate(fine, 300.0, "cpu")
+    assert outcome.ok and cached_builds(entry) == []
+
+
+def test_lazy_builds_are_kept_only_when_they_are_plain_files(tmp_path):
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    (entry / build.DONE).write_text("[]")
+    copy = tmp_path / "copy"
+    (copy / "good").mkdir(parents=True)
+    (copy / "good" / "good.so").write_bytes(b"\x7fELF")
+    (copy / "bad").mkdir()
+    (copy / "bad" / "bad.so").write_bytes(b"\x7fELF")
+    os.symlink("/etc", copy / "bad" / "etc")
+    os.symlink(tmp_path, copy / "linked")  # a link to a folder with .so files would once have been copied whole
+    with Folder.open(copy) as files:
+        assert build.keep_lazy_builds(files, entry) == ["good"]
+    assert sorted(p.name for p in entry.iterdir()) == sorted([build.DONE, "good"])
