@@ -1,13 +1,17 @@
-"""Wall time per evaluation: this checkout against another (an older commit's worktree), and with the
+"""Wall time per evaluation: this checkout against another (an older commit's tree), and with the
 sandbox on and off, on the same candidates, interleaved in one run so machine load hits every variant
 alike.
 
-    python benchmarks/eval_cost.py --before /path/to/old/worktree --repeats 5 --out docs/measurements/x.json
+    python benchmarks/eval_cost.py --before /path/to/old/tree --repeats 5 --out docs/measurements/DIR
+    python benchmarks/eval_cost.py --before .device/before31 --device cuda --repeats 2 --out OUT   # one H200
 
 Each evaluation runs in a fresh interpreter (its own process, as `pkb eval` would) and reports the
 seconds evaluate() took, from inside, plus its stages. Variants: `before` (the other tree, as it was),
 `after` (this tree, sandbox as probed), `after_no_sandbox` (this tree, PKB_SANDBOX=off). The summary is
-the median per candidate and variant, and the differences.
+the median per candidate and variant, and the differences. `--out` is a folder (eval_cost.json and
+eval_cost.md) or a .json file. Rounds (every candidate under every variant) stop being started once
+`--budget-s` has passed, so a slow machine ends with fewer repeats rather than past its time. The old tree
+needs no .git: `git archive COMMIT --prefix=.device/before31/ | tar -x` makes one inside an ignored folder.
 """
 
 from __future__ import annotations
@@ -29,40 +33,57 @@ import json, sys, time
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
 from harness.registry import get, load_suite
+device, shape = sys.argv[2], sys.argv[3]
 problem = get(load_suite(), "all_reduce")
 started = time.perf_counter()
-r = evaluate(problem, sys.argv[1], world_size=2, device="cpu", shape="small",
-             config=EvalConfig(trials=5, timing=TimingConfig.for_device("cpu"), use_reference_cache=False))
+r = evaluate(problem, sys.argv[1], world_size=2, device=device, shape=shape,
+             config=EvalConfig(trials=5, timing=TimingConfig.for_device(device), use_reference_cache=False))
 print(json.dumps({"seconds": time.perf_counter() - started, "verdict": r.verdict, "stages": r.stages,
                   "sandbox": r.integrity.get("sandbox", {}).get("backend", "none (before)")}))
 """
 
 
-def run_one(tree: Path, candidate: Path, sandbox_off: bool) -> dict:
+def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     if sandbox_off:
         env["PKB_SANDBOX"] = "off"
-    done = subprocess.run([sys.executable, "-c", ONE, str(candidate)], cwd=tree, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", ONE, str(candidate), device, shape], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def table(summary: dict, before: str) -> str:
+    lines = [f"| candidate | before ({before}) | after, sandboxed | after, `PKB_SANDBOX=off` | sandbox's cost | "
+             "after - before |", "| --- | --- | --- | --- | --- | --- |"]
+    for candidate, row in summary.items():
+        lines.append(f"| `{Path(candidate).name}` | {row['before_s']:.2f} s | {row['after_s']:.2f} s | "
+                     f"{row['after_no_sandbox_s']:.2f} s | {row['sandbox_cost_s']:+.2f} s | "
+                     f"{row['after_minus_before_s']:+.2f} s |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, required=True, help="a worktree of the commit to compare with")
+    parser.add_argument("--before", type=Path, required=True, help="a tree of the commit to compare with")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--shape", default="small")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="start no round after this many seconds")
+    parser.add_argument("--out", type=Path, default=None, help="a folder (eval_cost.json, eval_cost.md) or a .json")
     args = parser.parse_args()
     variants = {"before": (args.before.resolve(), False), "after": (ROOT, False), "after_no_sandbox": (ROOT, True)}
     rows = []
     started = time.time()
     for repeat in range(args.repeats):
+        if repeat and time.time() - started > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: {repeat} round(s)", flush=True)
+            break
         for candidate in CANDIDATES:
             for name, (tree, off) in variants.items():
                 row = {"repeat": repeat, "candidate": candidate, "variant": name,
-                       **run_one(tree, tree / candidate, off)}
+                       **run_one(tree, tree / candidate, off, args.device, args.shape)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     summary: dict = {}
@@ -73,12 +94,19 @@ def main() -> int:
         summary[candidate] = {**{f"{k}_s": round(v, 3) for k, v in medians.items()},
                               "after_minus_before_s": round(medians["after"] - medians["before"], 3),
                               "sandbox_cost_s": round(medians["after"] - medians["after_no_sandbox"], 3)}
-    result = {"date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - started, 1),
-              "repeats": args.repeats, "summary": summary, "rows": rows}
-    print(json.dumps(summary, indent=1))
+    rounds = 1 + max(r["repeat"] for r in rows)
+    result = {"date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - started, 1), "device": args.device,
+              "shape": args.shape, "repeats": rounds, "before": str(args.before), "summary": summary, "rows": rows}
+    text = table(summary, args.before.name)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        folder = args.out if args.out.suffix != ".json" else args.out.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        (args.out if args.out.suffix == ".json" else folder / "eval_cost.json").write_text(json.dumps(result, indent=1))
+        if args.out.suffix != ".json":
+            (folder / "eval_cost.md").write_text(f"{args.device}, shape {args.shape}, W=2, medians of {rounds}\n\n"
+                                                 f"{text}\n")
+    print(f"{args.device}, shape {args.shape}, W=2, medians of {rounds} (seconds per evaluation)")
+    print(text)
     return 0
 
 

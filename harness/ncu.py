@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import hostile_files
+
 # Small metric sets (duration, launch statistics and a few counters): few passes each under kernel replay.
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "core": (
@@ -234,9 +236,9 @@ def ncu_path() -> str | None:
 
 
 def _tail(path: Path, limit: int = 20000) -> str:
-    try:
-        return path.read_bytes()[-limit:].decode(errors="replace")
-    except OSError:
+    try:  # the rank's log: what the unsandboxed candidate printed, read from its end only
+        return hostile_files.read_tail(path, limit).decode(errors="replace")
+    except (OSError, hostile_files.HostileFile):
         return ""
 
 

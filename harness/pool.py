@@ -791,10 +791,12 @@ class RankPool:
                 return
             *lines, self._status_buffer = (self._status_buffer + chunk).split(b"\n")
             for line in lines:
-                try:
+                try:  # the launcher runs in the sandbox: its lines are claims, kept only when well-formed
                     entry = json.loads(line)
-                    self.ranks[int(entry["rank"])].returncode = int(entry["returncode"])
-                except (ValueError, KeyError, IndexError, TypeError):
+                    rank = int(entry["rank"])
+                    if 0 <= rank < len(self.ranks):
+                        self.ranks[rank].returncode = int(entry["returncode"])
+                except (ValueError, KeyError, IndexError, TypeError, RecursionError):
                     continue
             if time.monotonic() >= deadline:
                 return

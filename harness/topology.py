@@ -565,8 +565,8 @@ def all_reduce_curve(world_size: int, sizes: Sequence[int] = ALL_REDUCE_SIZES, *
 
 def _log_tail(folder: Path, rank: int, limit: int = 2000) -> str:
     try:
-        return (folder / f"rank{rank}.log").read_bytes()[-limit:].decode(errors="replace")
-    except OSError:
+        return hostile_files.read_tail(folder / f"rank{rank}.log", limit).decode(errors="replace")
+    except (OSError, hostile_files.HostileFile):
         return ""
 
 

@@ -8,14 +8,15 @@ whole, not cut to the tools' answer budget: a partial file is no use to a model 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from harness import hostile_files
 from tools.base import CANDIDATES_DIR, ToolContext, ToolInputError, ToolOutcome
 
 # A candidate is the model's own text; this bounds what a corrupt or huge file could put into the context.
 MAX_CHARS = 200_000
+SOURCE_LIMIT, RECORD_LIMIT = 16 << 20, 64 << 20  # bytes read of a candidate file and of its record
 
 
 def measurements(record: dict[str, Any]) -> str:
@@ -41,13 +42,18 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         known = sorted(p.stem for p in ctx.candidates_dir.glob("*.py")) if ctx.candidates_dir.is_dir() else []
         listed = ", ".join(str(int(k)) for k in known if k.isdigit()) or "none yet"
         raise ToolInputError(f"no candidate {number}; the candidates so far: {listed}")
-    source = path.read_text(errors="replace")
+    # The sample's own folder (the trusted side wrote these), read as hostile all the same: without a sandbox
+    # a candidate could have planted a link or a FIFO there.
+    try:
+        source = hostile_files.read_bytes(path, SOURCE_LIMIT).decode(errors="replace")
+    except hostile_files.HostileFile as err:
+        raise ToolInputError(f"candidate {number} cannot be read: {err}") from None
     cut = ""
     if len(source) > MAX_CHARS:
         source, cut = source[:MAX_CHARS], f"\n[... {len(source) - MAX_CHARS} characters cut ...]"
     try:
-        record = json.loads(path.with_suffix(".json").read_text())
-    except (OSError, ValueError):
+        record = hostile_files.read_json(path.with_suffix(".json"), RECORD_LIMIT)
+    except (OSError, hostile_files.HostileFile):
         record = {}
     said = measurements(record) if isinstance(record, dict) else "no record"
     text = (f"recall: candidate {number} ({CANDIDATES_DIR}/{path.name}; {said}), the whole file:\n\n"

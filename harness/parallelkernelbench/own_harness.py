@@ -30,7 +30,6 @@ runs on machines without this project's other dependencies.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -135,9 +134,9 @@ def eval_payload(stdout: str) -> dict[str, Any] | None:
     """The last `PKB_EVAL_JSON:` document run_local printed, or None."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(EVAL_JSON_PREFIX):
-            try:
-                value = json.loads(line[len(EVAL_JSON_PREFIX):])
-            except json.JSONDecodeError:
+            try:  # the solution ran in that process and could print too: parsed strictly
+                value = hostile_files.strict_json(line[len(EVAL_JSON_PREFIX):], "PKB's verdict line")
+            except hostile_files.HostileFile:
                 return None
             return value if isinstance(value, dict) else None
     return None
