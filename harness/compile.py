@@ -43,7 +43,7 @@ from harness.cache_dir import cache_root
 from harness.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
 from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
 from harness.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
-from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
+from harness.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable, clean_environment, probe
 
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
@@ -190,6 +190,18 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     cached = cached_builds(entry)
     if cached is not None:
         return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=cached)
+    started = time.perf_counter()
+    try:
+        return _build(path, entry, timeout, device, problem)
+    except SandboxUnavailable:  # PKB_SANDBOX=require on a machine without one: nobody's failure (infra_error)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the candidate's build was being handled: fail closed, never raise
+        return CompileOutcome(False, time.perf_counter() - started, failures.COMPILE_ERROR,
+                              f"the build could not be completed: {type(exc).__name__}: {exc}"[:600], native=True)
+
+
+def _build(path: Path, entry: Path, timeout: float, device: str, problem: str | None) -> CompileOutcome:
+    """The native part of compile_candidate: one helper run in its sandbox, its result, the cache."""
     started, started_wall = time.perf_counter(), time.time()
     sandbox = probe()
     command = [sys.executable, "-m", "harness.precompile", str(path), *(["--problem", problem] if problem else [])]

@@ -103,6 +103,24 @@ def _regular(fd: int, name: str, limit: int) -> int:
     return info.st_size
 
 
+def _whole(fd: int, name: str, limit: int) -> bytes:
+    """All of the regular file open at `fd` (closed after), at most `limit` bytes."""
+    try:
+        return _read_fd(fd, _regular(fd, name, limit))
+    finally:
+        os.close(fd)
+
+
+def _end(fd: int, name: str, limit: int) -> bytes:
+    """The last `limit` bytes of the regular file open at `fd` (closed after), whatever its size."""
+    try:
+        size = _regular(fd, name, 1 << 62)
+        start = max(0, size - limit)
+        return _read_fd(fd, size - start, start)
+    finally:
+        os.close(fd)
+
+
 def _read_fd(fd: int, size: int, start: int = 0) -> bytes:
     chunks, got = [], 0
     while got < size:
@@ -233,21 +251,11 @@ class Folder:
 
     def read_bytes(self, path: str | Path, limit: int) -> bytes:
         """The whole file, at most `limit` bytes (TooLarge before reading anything bigger)."""
-        fd, name = self._open_read(path)
-        try:
-            return _read_fd(fd, _regular(fd, name, limit))
-        finally:
-            os.close(fd)
+        return _whole(*self._open_read(path), limit)
 
     def read_tail(self, path: str | Path, limit: int) -> bytes:
         """The last `limit` bytes of the file, whatever its size."""
-        fd, name = self._open_read(path)
-        try:
-            size = _regular(fd, name, 1 << 62)
-            start = max(0, size - limit)
-            return _read_fd(fd, size - start, start)
-        finally:
-            os.close(fd)
+        return _end(*self._open_read(path), limit)
 
     def read_text(self, path: str | Path, limit: int) -> str:
         return self.read_bytes(path, limit).decode("utf-8", errors="replace")
@@ -255,14 +263,6 @@ class Folder:
     def read_json(self, path: str | Path, limit: int) -> Any:
         parts = self.relative(path)
         return strict_json(self.read_bytes(path, limit), "/".join(parts))
-
-    def size(self, path: str | Path) -> int:
-        """The size of a regular file (HostileFile for anything else)."""
-        fd, name = self._open_read(path)
-        try:
-            return _regular(fd, name, 1 << 62)
-        finally:
-            os.close(fd)
 
     def exists(self, path: str | Path) -> bool:
         """Whether anything at all (a link included) has the name; False where a folder on the way is
@@ -454,34 +454,16 @@ def _open_path(path: Path) -> int:
 
 def read_bytes(path: Path, limit: int) -> bytes:
     """The whole file at `path` (last component not followed, not blocking, at most `limit` bytes)."""
-    fd = _open_path(path)
-    try:
-        return _read_fd(fd, _regular(fd, path.name, limit))
-    finally:
-        os.close(fd)
+    return _whole(_open_path(path), path.name, limit)
 
 
 def read_tail(path: Path, limit: int) -> bytes:
     """The last `limit` bytes of the file at `path`, whatever its size (not followed, not blocking)."""
-    fd = _open_path(path)
-    try:
-        size = _regular(fd, path.name, 1 << 62)
-        start = max(0, size - limit)
-        return _read_fd(fd, size - start, start)
-    finally:
-        os.close(fd)
+    return _end(_open_path(path), path.name, limit)
 
 
 def read_json(path: Path, limit: int) -> Any:
     return strict_json(read_bytes(path, limit), path.name)
-
-
-def file_size(path: Path) -> int:
-    fd = _open_path(path)
-    try:
-        return _regular(fd, path.name, 1 << 62)
-    finally:
-        os.close(fd)
 
 
 def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
