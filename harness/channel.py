@@ -20,12 +20,13 @@ import hmac
 import json
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from harness import failures
+from harness import failures, hostile_files
 from harness.integrity import TAMPERING
 
 # -- the reply channel ------------------------------------------------------------------------------
@@ -187,11 +188,22 @@ def remove_build_locks(extensions_dir: Path, since: float) -> list[str]:
     the same name started by another evaluation inside that window loses its lock: the price of not
     knowing which process holds which lock."""
     removed = []
-    for lock in extensions_dir.glob("*/lock"):
-        try:
-            if lock.stat().st_mtime >= since:
-                lock.unlink()
-                removed.append(lock.parent.name)
-        except OSError:
-            continue
+    # The folder is the build's, written by candidate code: no link in it is followed (a folder linked
+    # from it would have a lock of some other build removed).
+    try:
+        folder = hostile_files.Folder.open(extensions_dir)
+    except hostile_files.HostileFile:
+        return removed
+    with folder:
+        for name, kind in folder.entries():
+            if kind != "dir":
+                continue
+            try:
+                with folder.sub(name) as build:
+                    info = os.stat("lock", dir_fd=build.fd, follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode) and info.st_mtime >= since:
+                        os.unlink("lock", dir_fd=build.fd)
+                        removed.append(name)
+            except (OSError, hostile_files.HostileFile):
+                continue
     return removed

@@ -138,3 +138,17 @@ def test_lazy_builds_are_kept_only_when_they_are_plain_files(tmp_path):
     with Folder.open(copy) as files:
         assert build.keep_lazy_builds(files, entry) == ["good"]
     assert sorted(p.name for p in entry.iterdir()) == sorted([build.DONE, "good"])
+
+
+def test_stopping_a_build_removes_only_its_own_locks(tmp_path):
+    """The build folder is candidate-written: a folder linked from it leads to other builds' locks."""
+    from harness.channel import remove_build_locks
+
+    build_dir, elsewhere = tmp_path / "ext", tmp_path / "cache" / "other_build"
+    (build_dir / "mine").mkdir(parents=True)
+    elsewhere.mkdir(parents=True)
+    (build_dir / "mine" / "lock").write_text("")
+    (elsewhere / "lock").write_text("")
+    os.symlink(elsewhere, build_dir / "linked")
+    assert remove_build_locks(build_dir, 0.0) == ["mine"]
+    assert (elsewhere / "lock").exists() and not (build_dir / "mine" / "lock").exists()
