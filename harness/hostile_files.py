@@ -319,14 +319,15 @@ class Folder:
             finally:
                 os.close(fd)
 
-    def make_dir(self, path: str | Path) -> None:
-        """A folder at `path`: made, or one that exists already as a real folder (never a link to one)."""
+    def make_dir(self, path: str | Path, mode: int = 0o755) -> None:
+        """A folder at `path`: made (with `mode`, less the umask), or one that exists already as a real folder
+        (never a link to one)."""
         parts = self.relative(path)
         self._note("mkdir", parts)
         parent = self._parent(parts, create=True)
         try:
             try:
-                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+                os.mkdir(parts[-1], mode, dir_fd=parent)
             except FileExistsError:
                 fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
                 os.close(fd)
