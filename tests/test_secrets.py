@@ -21,9 +21,6 @@ from pathlib import Path
 import pytest
 
 from harness import redaction
-from harness.config import EvalConfig, TimingConfig
-from harness.evaluate import evaluate
-from harness.registry import get, load_suite
 from harness.sandbox import clean_environment, probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,32 +130,58 @@ def _all_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
 
 
+# One evaluation in a fresh interpreter whose environment holds the markers from its start, as a harness
+# started with API keys has them: /proc/PID/environ shows a process's initial environment only, so keys set
+# later in this test process would be invisible to a candidate and prove nothing.
+EVALUATE = """
+import sys
+from pathlib import Path
+import harness.evaluate
+from harness.config import EvalConfig, TimingConfig
+from harness.registry import get, load_suite
+if sys.argv[3] == "no-redaction":  # the control: what reaches the record without the redaction
+    harness.evaluate.secret_names = lambda: []
+r = harness.evaluate.evaluate(get(load_suite(), "all_reduce"), Path(sys.argv[1]), world_size=2, device="cpu",
+                              shape="small", config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")),
+                              log_dir=Path(sys.argv[2]))
+print(r.model_dump_json())
+"""
+
+
+def _evaluate_with_keys(candidate: Path, logs: Path, env: dict[str, str], redaction: bool = True) -> str:
+    done = subprocess.run([sys.executable, "-c", EVALUATE, str(candidate), str(logs),
+                           "redaction" if redaction else "no-redaction"], env=env, capture_output=True, text=True,
+                          timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sandbox", ["bwrap", "off"])
-def test_an_evaluation_records_no_secret(sandbox, tmp_path, monkeypatch):
+def test_an_evaluation_records_no_secret(sandbox, tmp_path):
     if sandbox == "bwrap" and probe().backend != "bwrap":
         pytest.skip(f"no sandbox here: {probe().reason}")
+    values = markers()
+    env = {**os.environ, **values, "PYTHONPATH": str(ROOT)}
     if sandbox == "off":
-        monkeypatch.setenv("PKB_SANDBOX", "off")
-    env = markers()
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    suite = load_suite()
-    config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"))
+        env["PKB_SANDBOX"] = "off"
     for candidate in LEAKERS:
         logs = tmp_path / candidate.stem
-        result = evaluate(get(suite, "all_reduce"), candidate, world_size=2, device="cpu", shape="small",
-                          config=config, log_dir=logs)
-        assert not result.correct and result.verdict != "infra_error", result.failure
-        assert leaks(result.model_dump_json().encode(), env) == [], candidate.name
+        record = _evaluate_with_keys(candidate, logs, env)
+        result = json.loads(record)
+        assert not result["correct"] and result["verdict"] != "infra_error", result["failure"]
+        assert leaks(record.encode(), values) == [], candidate.name
         for name, data in _all_bytes(logs).items():
-            assert leaks(data, env) == [], f"{candidate.name}: {name}"
+            assert leaks(data, values) == [], f"{candidate.name}: {name}"
     if sandbox == "off":
-        # The control: without a sandbox the candidate does reach the harness's keys, and only the redaction
-        # keeps them out of the record (with it switched off, the raw key is in the failure message).
-        monkeypatch.setattr("harness.evaluate.secret_names", lambda: [])
-        raw = evaluate(get(suite, "all_reduce"), LEAKERS[0], world_size=2, device="cpu", shape="small", config=config)
-        assert env["PKBTEST_ANTHROPIC_API_KEY"] in raw.model_dump_json()
+        # The control: without a sandbox the candidate does reach the harness's keys (its parent's
+        # /proc/PID/environ), and only the redaction keeps them out of the record.
+        raw = _evaluate_with_keys(LEAKERS[0], tmp_path / "control", env, redaction=False)
+        assert values["PKBTEST_ANTHROPIC_API_KEY"] in raw
+    else:
+        # Sandboxed, the candidate finds nothing to leak in the first place.
+        raw = _evaluate_with_keys(LEAKERS[0], tmp_path / "control", env, redaction=False)
+        assert leaks(raw.encode(), values) == []
 
 
 @pytest.mark.slow
