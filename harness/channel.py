@@ -187,7 +187,7 @@ def remove_build_locks(extensions_dir: Path, since: float) -> list[str]:
     an extension with that name (the next attempt at the same kernel) would time out too. A build of
     the same name started by another evaluation inside that window loses its lock: the price of not
     knowing which process holds which lock."""
-    removed = []
+    removed: list[str] = []
     # The folder is the build's, written by candidate code: no link in it is followed (a folder linked
     # from it would have a lock of some other build removed).
     try:
