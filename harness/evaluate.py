@@ -235,7 +235,8 @@ class _Evaluation:
         limits = self.config.limits
         self.reference = ReferenceRun(self.problem, self.shape, self.world_size, self.device, self.ref_dir,
                                       limits.reference_s, gpus=self.gpus, start_s=limits.start_s,
-                                      ranks_per_gpu=self.config.ranks_per_gpu).launch()
+                                      ranks_per_gpu=self.config.ranks_per_gpu, call_s=limits.reference_call_s,
+                                      scale=limits.reference_scale, slack_s=limits.reference_slack_s).launch()
         self.ext_copy = private_copy(self.ext_entry, self.folder / "extensions")
         self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
                              gpus=self.gpus, role="candidate", extensions=self.ext_copy,
@@ -540,6 +541,9 @@ def evaluate(
     except (PoolError, SandboxUnavailable) as err:
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)
     finally:
+        if ev.reference is not None and ev.reference.cost:
+            # What the reference's first call cost and the limits derived from it (harness.judge.reference).
+            ev.evidence["reference_cost"] = dict(ev.reference.cost)
         ev.cleanup()
     if ev.failure is None and ev.timings is not None:
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
