@@ -44,7 +44,14 @@ class Limits(BaseModel):
     time_s: float = Field(300.0, gt=0)
     grace_s: float = Field(5.0, gt=0, description="wait for the other ranks once one has failed")
     reference_s: float = Field(900.0, gt=0, description="each step of the reference pool (trials, timing "
-                                                        "inputs, timing); an overrun is infra_error")
+                                                        "inputs, timing) at most; an overrun is infra_error")
+    reference_call_s: float = Field(300.0, gt=0, description="the reference's first correctness trial (one call, "
+                                                             "its inputs, the set-up): its measured cost sets the "
+                                                             "limits of the later steps")
+    reference_scale: float = Field(3.0, gt=0, description="later reference steps may take this many times the "
+                                                          "first call's cost per call, plus reference_slack_s")
+    reference_slack_s: float = Field(60.0, gt=0, description="added to every limit derived from the reference's "
+                                                             "measured cost (machine load, a first-time import)")
 
 
 class IntegrityChecksBase(BaseModel):

@@ -248,7 +248,8 @@ class _Evaluation:
         limits = self.config.limits
         self.reference = ReferenceRun(self.problem, self.shape, self.world_size, self.device, self.ref_dir,
                                       limits.reference_s, gpus=self.gpus, start_s=limits.start_s,
-                                      ranks_per_gpu=self.config.ranks_per_gpu).launch()
+                                      ranks_per_gpu=self.config.ranks_per_gpu, call_s=limits.reference_call_s,
+                                      scale=limits.reference_scale, slack_s=limits.reference_slack_s).launch()
         self.ext_copy = private_copy(self.ext_entry, self.folder / "extensions")
         self.ext_files = hostile_files.Folder.open(self.ext_copy)
         self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
@@ -594,6 +595,9 @@ def evaluate(
     except Exception as exc:  # noqa: BLE001 - every evaluation ends with a verdict
         ev.failure = unexpected_failure(exc, phase)
     finally:
+        if ev.reference is not None and ev.reference.cost:
+            # What the reference's first call cost and the limits derived from it (harness.judge.reference).
+            ev.evidence["reference_cost"] = dict(ev.reference.cost)
         try:
             ev.cleanup()
         except Exception as exc:  # noqa: BLE001 - a verdict already taken stays; the record says what failed

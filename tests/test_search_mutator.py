@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import random
+import shutil
+import subprocess
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -32,8 +35,45 @@ def test_found_sites_of_the_expert_solutions() -> None:
     assert threads.value == "512" and "1024" in threads.choices and "2048" not in threads.choices  # CUDA's limit
     edited = tunables.set_value(source, threads, "256")
     assert edited.count("\n") == source.count("\n")
+    # the launch's block size and the kernel's __launch_bounds__ change together, nothing else does
+    launch_line = source.splitlines()[source[:threads.start].count("\n")]
+    bounds_line = next(line for line in source.splitlines() if "__launch_bounds__(512)" in line)
     assert [a for a, b in zip(edited.splitlines(), source.splitlines()) if a != b] == \
-        [source.splitlines()[source[:threads.start].count("\n")].replace("512", "256", 1)]
+        [bounds_line.replace("512", "256", 1), launch_line.replace("512", "256", 1)]
+
+
+CUDA_PROBLEMS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_reduce_residual_rmsnorm")
+
+
+def _cuda_experts() -> list[mutator.Kernel]:
+    return [k for p in CUDA_PROBLEMS for k in library(p, "cuda")]
+
+
+def _extremes(source: str) -> list[str]:
+    """The source with every found site at the bottom of its ladder, and with every one at the top."""
+    sites = tunables.find_tunables(source)
+    out = []
+    for pick in (0, -1):
+        edited = source
+        for original in sites:
+            # offsets move as values change length (names carry line numbers, which do not): find it again
+            site = next(t for t in tunables.find_tunables(edited) if t.name == original.name)
+            edited = tunables.set_value(edited, site, original.choices[pick])
+        out.append(edited)
+    return out
+
+
+def test_block_size_edits_keep_launches_and_launch_bounds_equal() -> None:
+    import re
+
+    for kernel in _cuda_experts():
+        for variant in _extremes(kernel.source):
+            bounds = set(re.findall(r"__launch_bounds__\((\d+)", variant))
+            launches = set(re.findall(r"launch\(kernel, [^,]+, (\d+),", variant))
+            assert not bounds or not launches or launches <= bounds, (kernel.name, bounds, launches)
+            defines = dict(re.findall(r"(?m)^#define (THREADS|VPT) (\d+)", variant))
+            for name, value in defines.items():
+                assert re.search(rf"(?m)^{name} = {value}\b", variant), (kernel.name, name, value)
 
 
 def test_an_edit_changes_one_literal_and_a_variant_switch_carries_the_tunables() -> None:
@@ -135,3 +175,27 @@ def test_rates_parse_and_reject_bad_options() -> None:
         Rates.parse("typo=0.1")
     with pytest.raises(ValueError, match="add up"):
         Rates.parse("syntax=0.6,wrong=0.6")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_extreme_variants_of_every_cuda_expert_compile(tmp_path) -> None:
+    """Each expert's CUDA source with every tunable at the bottom, then the top, of its ladder compiles for
+    sm_90 (as CuPy's NVRTC compiles it on the GPU: the prelude, then the module's SOURCE)."""
+    from problems._symm import CUDA_PRELUDE
+
+    failures = []
+    for kernel in _cuda_experts():
+        for i, variant in enumerate([kernel.source, *_extremes(kernel.source)]):
+            tree = ast.parse(variant)
+            cuda = next((n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                         and getattr(n.targets[0], "id", "") == "SOURCE"), None)
+            if cuda is None:
+                continue  # copy-engine experts: no kernel of their own
+            path = tmp_path / f"{kernel.name}_{i}.cu"
+            path.write_text(CUDA_PRELUDE + cuda)
+            proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", str(path), "-o",
+                                   str(path.with_suffix(".ptx"))], capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                failures.append(f"{kernel.name} variant {i}: {proc.stderr[-600:]}")
+    assert not failures, "\n".join(failures)

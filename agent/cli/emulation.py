@@ -18,11 +18,11 @@ HELP = ("ranks sharing each GPU (with --device cuda; default 1): W > GPUs runs o
 
 def notice(ranks_per_gpu: int | None = None) -> str:
     who = f"{ranks_per_gpu} ranks share each GPU" if ranks_per_gpu and ranks_per_gpu > 1 else "ranks share GPUs"
-    return (f"emulated: {who} (symmetric memory emulated, collectives on gloo); the timings are not speedups and "
+    return (f"emulated: {who} (symmetric memory emulated, host collectives); the timings are not speedups and "
             "never count as fast")
 
 
-def add_argument(p: argparse.ArgumentParser, default: int | None = 1) -> None:
+def add_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None = 1) -> None:
     p.add_argument("--ranks-per-gpu", type=int, default=default, help=HELP)
 
 

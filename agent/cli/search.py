@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli import sandbox_gate
+from agent.cli import emulation, sandbox_gate
 from agent.cli.common import CliError, console, err_console, plain
 from agent.cli.options import add_executor_arguments, executor_from_args
 from agent.model_spec import ProviderError, parse_model_spec
@@ -40,7 +40,7 @@ CONFIG_OPTIONS = (
     ("--model", "model"), ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
     ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
     ("--no-timing", "no_timing"), ("--phase-timeout", "phase_timeout"), ("--fresh-reference", "fresh_reference"),
-    ("--timing-iters", "timing_iters"),
+    ("--timing-iters", "timing_iters"), ("--ranks-per-gpu", "ranks_per_gpu"),
     ("--strategy", "strategy"),
     ("--islands", "islands"), ("--migration-interval", "migration_interval"), ("--top-k", "top_k"),
     ("--explore", "explore"), ("--inspirations", "inspirations"), ("--window", "window"), ("--warmup", "warmup"),
@@ -70,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--source", help="pkb:PATH to search a ParallelKernelBench checkout's problems")
     what.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     what.add_argument("--world-size", type=int, help="ranks (default 2)")
+    emulation.add_argument(what, default=None)
     what.add_argument("--shape", help="shape name (default: 'small' on cpu, 'default' on cuda)")
     what.add_argument("--seed", type=int, help="seed of every draw and of the tools' inputs (default 0)")
     what.add_argument("--trials", type=int, help="correctness trials per evaluation (default 5)")
@@ -160,7 +161,7 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
             world_size=_pick(args.world_size, 2), shape=args.shape or ("default" if device == "cuda" else "small"),
             seed=_pick(args.seed, 0), trials=_pick(args.trials, 5), skip_timing=bool(args.no_timing),
             phase_timeout_s=args.phase_timeout, fresh_reference=bool(args.fresh_reference),
-            timing_iters=args.timing_iters,
+            timing_iters=args.timing_iters, ranks_per_gpu=_pick(args.ranks_per_gpu, 1),
             strategy=StrategyConfig(**{k: v for k, v in {
                 "name": args.strategy, "islands": args.islands, "migration_interval": args.migration_interval,
                 "top_k": args.top_k, "explore": args.explore, "inspirations": args.inspirations}.items()
@@ -213,9 +214,10 @@ def _prices(config: SearchConfig) -> PriceTable:
     return prices
 
 
-def _scheduler(device: str, world_size: int, executor: str) -> DeviceScheduler | None:
+def _scheduler(device: str, world_size: int, executor: str, ranks_per_gpu: int = 1) -> DeviceScheduler | None:
     from agent.scheduler import DeviceScheduler, SchedulerError  # torch's device count: when it runs
 
+    emulation.check(device, world_size, ranks_per_gpu)
     if executor != "local":
         return None
     if device == "cuda":
@@ -223,8 +225,9 @@ def _scheduler(device: str, world_size: int, executor: str) -> DeviceScheduler |
 
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
+        emulation.check(device, world_size, ranks_per_gpu, torch.cuda.device_count())
     try:
-        return DeviceScheduler(device, world_size)
+        return DeviceScheduler(device, world_size, ranks_per_gpu=ranks_per_gpu)
     except SchedulerError as err:
         raise CliError(str(err)) from None
 
@@ -265,6 +268,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         if given:
             raise CliError(f"--resume continues search {args.run_id} as it was started; leave out {', '.join(given)}")
         device, world_size, shape = stored.device, stored.world_size, stored.shape
+        ranks_per_gpu = stored.ranks_per_gpu
         problems, skipped = _problems(stored.source, stored.problems, world_size, shape)
     else:
         if not args.model:
@@ -274,9 +278,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         if world_size < 1:
             raise CliError(f"--world-size must be at least 1, got {world_size}")
         shape = args.shape or ("default" if device == "cuda" else "small")
+        ranks_per_gpu = _pick(args.ranks_per_gpu, 1)
         problems, skipped = _problems(args.source, args.problems, world_size, shape)
     evaluate, bound = _evaluator(args.evaluator)
-    scheduler = _scheduler(device, world_size, args.executor)
+    scheduler = _scheduler(device, world_size, args.executor, ranks_per_gpu)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
     try:
         capacity = max(1, executor.capacity(world_size, device))

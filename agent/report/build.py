@@ -206,7 +206,7 @@ def notes(runs: Sequence[Run]) -> list[str]:
     for run, label in zip(runs, run_labels(runs), strict=True):
         if run_is_emulated(run):
             shared = f"{ranks_per_gpu(run)} ranks share each GPU" if ranks_per_gpu(run) > 1 else "ranks share GPUs"
-            out.append(f"run {label} is emulated ({shared}, symmetric memory emulated, collectives on gloo): "
+            out.append(f"run {label} is emulated ({shared}, symmetric memory emulated, host collectives): "
                        "correctness is real, its timings are not speedups, and no sample of it counts as fast")
     if len(runs) > 1:
         for key, name in SETTINGS_COMPARED:

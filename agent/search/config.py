@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.config import EvalConfig, TimingConfig
 from harness.config import Limits as PhaseLimits
+from harness.emulation import layout
 
 SEARCH_SCHEMA = "pkb-search/1"
 STRATEGIES = ("independent", "best_first", "islands")
@@ -77,6 +78,9 @@ class SearchConfig(BaseModel):
     source: str | None = None  # None: this suite; "pkb:PATH": a PKB checkout
     device: str = "cpu"
     world_size: int = 2
+    ranks_per_gpu: int = Field(1, ge=1, description="above 1, ranks share GPUs with symmetric memory emulated "
+                                                    "(docs/emulation.md): kernels checked for real, timings not "
+                                                    "speedups")
     shape: str = "small"
     seed: int = 0
     trials: int = Field(5, ge=2)
@@ -130,7 +134,8 @@ class SearchConfig(BaseModel):
                                                "warmup": max(timing.warmup, self.timing_iters // 10)})
         return EvalConfig(trials=self.trials, seed=self.seed if seed is None else seed, skip_timing=self.skip_timing,
                           timing=timing, limits=limits,
-                          use_reference_cache=not (rescore or self.fresh_reference))
+                          use_reference_cache=not (rescore or self.fresh_reference),
+                          **layout.eval_config_fields(self.ranks_per_gpu))
 
     def header_config(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

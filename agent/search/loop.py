@@ -95,7 +95,8 @@ class Search:
         self.problems = {p.name: p for p in problems}
         self.order = [p.name for p in problems]
         if executor is None:
-            executor = LocalExecutor(DeviceScheduler(config.device, config.world_size))
+            executor = LocalExecutor(DeviceScheduler(config.device, config.world_size,
+                                                     ranks_per_gpu=config.ranks_per_gpu))
         self.executor = executor
         self.evaluate = evaluate or as_evaluate(executor)
         self.bound_fn = bound or self._bound_on_devices

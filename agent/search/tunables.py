@@ -8,6 +8,12 @@ Two kinds of site:
   (`want=max(1, min(n16 // 256, 132))`), plus module-level `UPPER = <int>` constants. Their ladder is the
   value halved, doubled and quadrupled (a quarter too, for powers of two), which is how a person tunes them.
 
+A found site may have linked spans that must always hold the same value, so that an edit gives a kernel
+that still compiles and launches: a module-level constant and the `#define NAME value` of the CUDA source
+it mirrors (`THREADS = 256` and `#define THREADS 256`), and a block size written as a literal at its
+launch sites and in the kernel's `__launch_bounds__(N)` (launching more threads than the bound fails).
+Every launch site and bound with the same literal is one site.
+
 An edit replaces the literal's characters and nothing else, so the rest of the file stays byte for byte.
 """
 
@@ -39,6 +45,7 @@ class Tunable:
     start: int  # character offsets of the literal in the source
     end: int
     annotated: bool
+    links: tuple[tuple[int, int], ...] = ()  # other spans that always hold the same value (see the module doc)
 
     @property
     def index(self) -> int:
@@ -59,10 +66,15 @@ def by_name(source: str) -> dict[str, Tunable]:
 
 
 def set_value(source: str, tunable: Tunable, value: str) -> str:
-    """`source` with the tunable's literal replaced by `value` (the offsets must come from this very source)."""
-    if source[tunable.start:tunable.end] != tunable.value:
-        raise ValueError(f"tunable {tunable.name} is not at {tunable.start}..{tunable.end} of this source")
-    return source[:tunable.start] + value + source[tunable.end:]
+    """`source` with the tunable's literal (and its linked spans) replaced by `value` (the offsets must come
+    from this very source)."""
+    spans = sorted({(tunable.start, tunable.end), *tunable.links}, reverse=True)
+    for start, end in spans:
+        if source[start:end] != tunable.value:
+            raise ValueError(f"tunable {tunable.name} is not at {start}..{end} of this source")
+    for start, end in spans:  # from the end, so earlier offsets stay valid
+        source = source[:start] + value + source[end:]
+    return source
 
 
 def skeleton(source: str) -> str:
@@ -102,28 +114,40 @@ def _found(source: str) -> list[Tunable]:
         return []
     starts = _line_starts(source)
     sites: dict[int, Tunable] = {}
+    block_sizes: dict[str, list[tuple[int, int, int]]] = {}  # literal -> (start, end, line) of each launch site
 
-    def add(node: ast.AST, what: str, cap: int | None = None) -> None:
+    def span(node: ast.AST) -> tuple[int, int] | None:
         if not (isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 2):
-            return
+            return None
         start = starts[node.lineno - 1] + _char_col(source, starts[node.lineno - 1], node.col_offset)
         end = starts[node.end_lineno - 1] + _char_col(source, starts[node.end_lineno - 1],  # type: ignore[operator]
                                                       node.end_col_offset)  # type: ignore[arg-type]
-        text = source[start:end]
-        if text != str(node.value):  # hex, underscores: leave them alone
-            return
-        sites[start] = Tunable(f"line {node.lineno}: {what}", text, _ladder(node.value, cap), start, end, False)
+        return (start, end) if source[start:end] == str(node.value) else None  # hex, underscores: left alone
 
-    for statement in tree.body:  # module-level UPPER = <int>
+    def add(node: ast.expr, what: str, cap: int | None = None, links: tuple[tuple[int, int], ...] = ()) -> None:
+        where = span(node)
+        if where is None:
+            return
+        start, end = where
+        value = source[start:end]
+        sites[start] = Tunable(f"line {node.lineno}: {what}", value, _ladder(int(value), cap), start, end, False,
+                               links)
+
+    for statement in tree.body:  # module-level UPPER = <int>, with the CUDA source's #define of the same name
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                 and isinstance(statement.targets[0], ast.Name) and _UPPER.match(statement.targets[0].id):
-            add(statement.value, statement.targets[0].id)
+            name = statement.targets[0].id
+            literal = span(statement.value)
+            mirrors = () if literal is None else _define_spans(source, name, source[literal[0]:literal[1]])
+            add(statement.value, name, cap=1024 if mirrors and name.startswith("THREADS") else None, links=mirrors)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         if name.endswith("launch") and len(node.args) >= 3:
-            add(node.args[2], "threads per block", cap=1024)  # CUDA's limit per block
+            where = span(node.args[2])
+            if where is not None:
+                block_sizes.setdefault(source[where[0]:where[1]], []).append((*where, node.lineno))
         for keyword in node.keywords:
             if keyword.arg == "want":
                 for inner in ast.walk(keyword.value):
@@ -132,7 +156,19 @@ def _found(source: str) -> list[Tunable]:
                     elif isinstance(inner, ast.Call) and getattr(inner.func, "id", "") == "min":
                         for arg in inner.args:
                             add(arg, "block cap")
+    for value, launches in block_sizes.items():  # one site per block size: its launches and its kernels' bounds
+        (start, end, line), others = launches[0], launches[1:]
+        bounds = tuple((m.start(1), m.end(1)) for m in re.finditer(rf"__launch_bounds__\(\s*({value})\s*[,)]", source))
+        links = tuple((a, b) for a, b, _ in others) + bounds
+        sites[start] = Tunable(f"line {line}: threads per block", value, _ladder(int(value), 1024), start, end, False,
+                               links)  # 1024: CUDA's limit per block
     return sorted(sites.values(), key=lambda t: t.start)
+
+
+def _define_spans(source: str, name: str, value: str) -> tuple[tuple[int, int], ...]:
+    """The value spans of `#define NAME value` lines (in the CUDA source strings a module embeds)."""
+    return tuple((m.start(1), m.end(1)) for m in re.finditer(rf"(?m)^[ \t]*#define[ \t]+{name}[ \t]+({value})\b",
+                                                              source))
 
 
 def _line_starts(source: str) -> list[int]:

@@ -1,5 +1,6 @@
-"""Multi-GPU kernels checked on one GPU: W rank processes share a device, collectives run on gloo, and
-torch's symmetric memory is emulated with CUDA IPC (docs/emulation.md).
+"""Multi-GPU kernels checked on one GPU: W rank processes share a device, collectives run on the host
+backend (harness.emulation.collectives), and torch's symmetric memory is emulated with CUDA IPC
+(docs/emulation.md).
 
 In a rank process, once the gloo group exists and before the candidate is imported:
 

@@ -191,8 +191,8 @@ def _refuse_nccl() -> None:
             except TypeError:
                 backend = kwargs.get("backend")
             if _is_nccl(backend):
-                raise NotAvailableInEmulation("nccl", f"{api_name}(backend={backend!r})",
-                                              "ranks share one GPU, which NCCL refuses; collectives run on gloo")
+                raise NotAvailableInEmulation("nccl", f"{api_name}(backend={backend!r})", "ranks share one GPU, "
+                                              "which NCCL refuses; collectives use the host backend")
             return fn(*args, **kwargs)
 
         call.__pkb_emulation_guard__ = True  # type: ignore[attr-defined]
@@ -223,7 +223,7 @@ def _refused_nccl_class(original: type) -> type:
     class ProcessGroupNCCL(original):  # type: ignore[misc]  # a base known at run time only
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             raise NotAvailableInEmulation("nccl", "torch.distributed.ProcessGroupNCCL",
-                                          "ranks share one GPU, which NCCL refuses; collectives run on gloo")
+                                          "ranks share one GPU, which NCCL refuses; collectives use the host backend")
 
     ProcessGroupNCCL.__qualname__ = original.__qualname__
     ProcessGroupNCCL.__module__ = original.__module__

@@ -3,8 +3,14 @@ reference on it, writes inputs and expected outputs into the evaluation's privat
 reference. Judge side (it drives a trusted pool; nothing of the candidate exists while it runs).
 
 A failure here is never the candidate's: a reference that raises, returns something the harness cannot
-compare, or overruns its limit (`Limits.reference_s`: slow references such as PKB's 76-78 take minutes at
-small shapes) is an `infra_error` naming the reason.
+compare, or overruns its limit is an `infra_error` naming the reason.
+
+Limits come from the reference's measured cost, so a slow reference (PKB's 76-78 take minutes a call)
+is judged and a hung one never holds a run for long: the first correctness trial runs alone under
+`Limits.reference_call_s` and is the measurement (its slowest rank's seconds); every later step gets
+`reference_scale` x that cost x the calls it makes, plus `reference_slack_s`, never more than
+`Limits.reference_s`. What was measured and derived is `ReferenceRun.cost` (the record's
+integrity.reference_cost), and an overrun of a derived limit says so.
 """
 
 from __future__ import annotations
@@ -48,11 +54,15 @@ class ReferenceRun:
     gpus: list[int] | None = None
     start_s: float = 120.0
     ranks_per_gpu: int = 1
+    call_s: float | None = None  # the first trial's limit; None: every step gets limit_s (no derived limits)
+    scale: float = 3.0
+    slack_s: float = 60.0
     pool: RankPool | None = None
     trials: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # trial -> rank -> record
     trial_seconds: float = 0.0  # the median trial's time on the slowest rank (the reference's own call)
     sets: TimingSets | None = None
     groups: list[list[int]] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)  # the measured first call and the limits derived from it
 
     def launch(self) -> ReferenceRun:
         self.pool = RankPool(self.world_size, self.device, start_timeout=self.start_s, gpus=self.gpus,
@@ -66,13 +76,26 @@ class ReferenceRun:
         except PoolError as err:
             raise ReferenceFailed(f"the reference pool did not start: {err}") from err
 
-    def _ask(self, message: dict[str, Any], what: str) -> list[dict[str, Any]]:
+    def limit_for(self, calls: int) -> tuple[float, str]:
+        """(seconds, why) for a step that makes `calls` reference calls: derived from the measured first call
+        where there is one, never above limit_s."""
+        first = self.cost.get("first_call_s")
+        if first is None:
+            return self.limit_s, "Limits.reference_s"
+        derived = self.scale * float(first) * max(1, calls) + self.slack_s
+        if derived >= self.limit_s:
+            return self.limit_s, "Limits.reference_s"
+        return derived, (f"a limit derived from the reference's measured cost: {self.scale:g} x {float(first):.2f} s "
+                         f"x {max(1, calls)} calls + {self.slack_s:.0f} s")
+
+    def _ask(self, message: dict[str, Any], what: str, limit: tuple[float, str] | None = None) -> list[dict[str, Any]]:
         assert self.pool is not None
+        timeout, why = limit or (self.limit_s, "Limits.reference_s")
         try:
-            replies = self.pool.request(message, timeout=self.limit_s, grace=5.0)
+            replies = self.pool.request(message, timeout=timeout, grace=5.0)
         except Hang as hang:
-            raise ReferenceFailed(f"the reference did not finish {what} within {self.limit_s:.0f} s "
-                                  f"(Limits.reference_s); ranks {hang.missing} were still running") from hang
+            raise ReferenceFailed(f"the reference did not finish {what} within {timeout:.0f} s ({why}); ranks "
+                                  f"{hang.missing} were still running") from hang
         except PoolError as err:
             raise ReferenceFailed(f"the reference pool failed during {what}: {err}") from err
         bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: (not r.get("died"), r.get("rank", 0)))
@@ -87,14 +110,30 @@ class ReferenceRun:
                 self.groups.append(list(g))
 
     def prepare_trials(self, schedule: list[Trial], seed: int) -> None:
-        replies = self._ask({"op": "ref_trials", "problem": self.problem.loader_spec, "shape": self.shape,
-                             "seed": seed, "dir": str(self.folder),
-                             "trials": [{"id": t.id, "kind": t.kind} for t in schedule]}, "the correctness trials")
+        steps: list[tuple[list[Trial], str, tuple[float, str] | None]] = [(schedule, "the correctness trials", None)]
+        if self.call_s is not None and schedule:
+            first_limit = (min(self.call_s, self.limit_s), "Limits.reference_call_s: the first call, which measures "
+                                                           "the reference's cost")
+            steps = [(schedule[:1], "its first correctness trial", first_limit),
+                     (schedule[1:], f"{len(schedule) - 1} more correctness trials", None)]
         try:
-            for reply in replies:
-                for record in reply["trials"]:
-                    self.trials.setdefault(int(record["id"]), {})[reply["rank"]] = record
-                    self._note_groups(record.get("groups", []))
+            for part, what, limit in steps:
+                if not part:
+                    continue
+                if limit is None and self.call_s is not None:
+                    limit = self.limit_for(len(part))
+                    self.cost["trials_limit_s"] = round(limit[0], 1)
+                replies = self._ask({"op": "ref_trials", "problem": self.problem.loader_spec, "shape": self.shape,
+                                     "seed": seed, "dir": str(self.folder),
+                                     "trials": [{"id": t.id, "kind": t.kind} for t in part]}, what, limit)
+                for reply in replies:
+                    for record in reply["trials"]:
+                        self.trials.setdefault(int(record["id"]), {})[reply["rank"]] = record
+                        self._note_groups(record.get("groups", []))
+                if self.call_s is not None and "first_call_s" not in self.cost:
+                    first = max(float(r.get("seconds", 0.0)) for reply in replies for r in reply["trials"])
+                    self.cost.update(first_call_s=round(first, 3), scale=self.scale, slack_s=self.slack_s,
+                                     ceiling_s=self.limit_s)
             per_trial = [max(float(by_rank[r].get("seconds", 0.0)) for r in by_rank)
                          for by_rank in self.trials.values()]
         except (KeyError, TypeError, ValueError, AttributeError) as err:  # fail closed: never a guess
@@ -104,7 +143,8 @@ class ReferenceRun:
     def prepare_sets(self, seed: int, config: TimingConfig, fresh: int) -> TimingSets:
         replies = self._ask({"op": "ref_sets", "problem": self.problem.loader_spec, "shape": self.shape,
                              "seed": seed, "trial_base": TIMING_TRIAL_BASE, "fresh": fresh,
-                             "config": config.model_dump(), "dir": str(self.folder)}, "the timing inputs")
+                             "config": config.model_dump(), "dir": str(self.folder)}, "the timing inputs",
+                           self.limit_for(config.max_input_sets + fresh))
         try:
             for reply in replies:
                 self._note_groups(reply.get("groups", []))
@@ -121,14 +161,16 @@ class ReferenceRun:
         assert self.pool is not None and self.sets is not None
         self._ask({"op": "time_begin", "problem": self.problem.loader_spec, "fresh": False,
                    "clone_inputs": self.sets.mutated}, "timing set-up")
-        deadline = time.monotonic() + self.limit_s
+        budget = self.limit_for(config.warmup + config.iters + config.host_iters)
+        call = self.limit_for(1)
+        deadline = time.monotonic() + budget[0]
 
         def ask(pool: RankPool, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
-            return self._ask(message, "timing")
+            return self._ask(message, "timing", (min(timeout, call[0]), call[1]))
 
         run = timing.drive(self.pool, ask, n_sets=self.sets.count, n_fresh=0, config=config,
                            cuda=self.device == "cuda", keep_dir=None, keep_probability=0.0,
-                           rng=random.Random(seed), call_timeout=self.limit_s, deadline=deadline)
+                           rng=random.Random(seed), call_timeout=call[0], deadline=deadline)
         return timing.stats(run, "cuda_events" if self.device == "cuda" else "host")
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from harness import channel, failures
 from harness.candidate import trimmed_traceback
+from harness.emulation import collectives
 from harness.flags import SPAWNED_THREADS
 from harness.problem import Problem
 from harness.rank import candidate_side, reference_side
@@ -78,10 +79,11 @@ class Worker:
     # -- setup ----------------------------------------------------------------------------------
     def init_process_group(self, init_file: str) -> None:
         kwargs: dict[str, Any] = {}
-        backend = "gloo"
+        # CPU runs and ranks that share GPUs (NCCL refuses two ranks on one GPU) join the host collectives:
+        # NCCL's operations and shapes, which gloo lacks in part (harness.emulation.collectives).
+        backend = collectives.register()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            # NCCL refuses two ranks on one GPU: ranks that share GPUs join gloo (CUDA tensors work there).
             if not self.emulate and torch.cuda.device_count() >= self.world_size:
                 backend = "nccl"
                 kwargs["device_id"] = self.device  # eager NCCL communicator: no lazy init inside a timed call
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events-fd", type=int, default=None)
     parser.add_argument("--role", choices=ROLES, default="trusted")
     parser.add_argument("--device-index", type=int, default=None, help="this rank's GPU among the visible ones")
-    parser.add_argument("--emulate", action="store_true", help="ranks share GPUs: gloo, emulated symmetric memory")
+    parser.add_argument("--emulate", action="store_true", help="ranks share GPUs: emulated symmetric memory")
     args = parser.parse_args(argv)
     # The harness's fallback for stacks when py-spy is missing: a dump of every thread on SIGUSR1.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -1,0 +1,139 @@
+"""An offline kernel search on one GPU (issue 30): `pkb search --model scripted:mutator` (no API key, the
+expert CUDA kernels' tunables mutated) at W = 2 with both ranks on the GPU, for a fixed time, then how busy
+the GPU was and how many candidates it judged per GPU-hour. Ends by itself.
+
+    setsid nohup python benchmarks/gpu_offline_search.py --out .search-out --minutes 12 > /dev/null 2>&1 &
+    # ... later, in another command: cat .search-out/search.md; cp -r .search-out $OUT/
+    python benchmarks/gpu_offline_search.py --out /tmp/s --device cpu --minutes 2   # the dry run on CPU
+
+Two figures of busy: `held` is the search's own (the fraction of wall time an evaluation held the GPU,
+agent.search.summary.throughput), `sm` the mean of nvidia-smi's utilization.gpu sampled every half
+second (kernels running). Writes OUT/search.json and OUT/search.md; the search folder is OUT/runs/offline.
+Needs what `pkb search` needs (pydantic, structlog, tenacity, langgraph, langchain-core, rich, tiktoken,
+cupy for the experts' NVRTC builds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PROBLEMS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_reduce_residual_rmsnorm")
+
+
+class SmSampler:
+    """nvidia-smi's utilization.gpu every 500 ms, in a thread, until stopped."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            return
+        self._proc = subprocess.Popen([smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                       "-lms", "500"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                self.values.append(float(line.split(",")[0]))
+            except ValueError:
+                continue
+
+    def stop(self) -> float | None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+        return sum(self.values) / len(self.values) / 100.0 if self.values else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--minutes", type=float, default=12.0, help="the search's wall budget")
+    parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = args.out / "runs"
+    shutil.rmtree(runs / "offline", ignore_errors=True)
+    command = [sys.executable, "-m", "agent.cli", "search", "--model", "scripted:mutator", "--device", args.device,
+               "--world-size", "2", "--problems", *args.problems, "--budget-hours", f"{args.minutes / 60:.4f}",
+               "--seed", str(args.seed), "--runs-dir", str(runs), "--run-id", "offline", "--no-live"]
+    if args.device == "cuda":
+        command += ["--ranks-per-gpu", "2"]
+    sampler = SmSampler()
+    sampler.start()
+    started = time.perf_counter()
+    with (args.out / "search.log").open("wb") as log:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            proc.wait(timeout=args.minutes * 60 + 300)  # the budget, and time to finish what is in flight
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    wall_s = time.perf_counter() - started
+    sm = sampler.stop()
+    sys.path.insert(0, str(REPO))
+    from agent.search.archive import Archive
+    from agent.search.summary import throughput
+
+    folder = runs / "offline"
+    stats: dict[str, Any] = {}
+    verdicts: dict[str, int] = {}
+    if (folder / "archive.sqlite").exists():
+        archive = Archive(folder / "archive.sqlite")
+        stats = throughput(archive, 2)
+        for row in archive.rows(("verdict",)):
+            verdicts[str(row["verdict"])] = verdicts.get(str(row["verdict"]), 0) + 1
+    record = {"command": command, "exit_code": proc.returncode, "wall_s": round(wall_s, 1), "sm_busy": sm,
+              "held_busy": stats.get("busy_fraction"), "candidates": stats.get("candidates"),
+              "candidates_per_device_hour": stats.get("candidates_per_device_hour"),
+              "candidates_per_hour": stats.get("candidates_per_hour"),
+              "seconds_per_candidate": stats.get("seconds_per_candidate"), "verdicts": verdicts}
+    (args.out / "search.json").write_text(json.dumps(record, indent=1, default=str))
+
+    def pct(x: float | None) -> str:
+        return f"{100 * x:.0f}%" if x is not None else "-"
+
+    per = stats.get("seconds_per_candidate") or {}
+    text = "\n".join([
+        f"# Offline search, {args.device}, W = 2{' on one GPU (emulated)' if args.device == 'cuda' else ''}", "",
+        "| | |", "|---|---|",
+        f"| wall | {wall_s:.0f} s (budget {args.minutes:.1f} min), exit {proc.returncode} |",
+        f"| candidates | {stats.get('candidates', 0)} ({', '.join(f'{k} {v}' for k, v in sorted(verdicts.items()))}) |",
+        f"| GPU held by an evaluation | {pct(stats.get('busy_fraction'))} |",
+        f"| GPU utilization (nvidia-smi, mean) | {pct(sm)} |",
+        f"| candidates per device-hour | {stats.get('candidates_per_device_hour') or 0:.0f} |",
+        f"| candidates per wall hour | {stats.get('candidates_per_hour') or 0:.0f} |",
+        "| seconds per candidate | " + ", ".join(f"{k} {v:.2f}" for k, v in per.items() if v is not None) + " |",
+    ]) + "\n"
+    (args.out / "search.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

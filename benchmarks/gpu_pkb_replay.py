@@ -1,0 +1,187 @@
+"""A PKB recorded set replayed on one GPU with emulated W = 2 (issue 30), in one command with a wall budget:
+`pkb run --model replay:SET --source pkb:CHECKOUT --device cuda --world-size 2 --ranks-per-gpu 2 --no-timing
+--trials 3 --concurrency C`, stopped at the budget, then a table of verdicts per file beside the
+2026-12-01 figures (docs/pkb.md), and where every infra_error comes from.
+
+    python benchmarks/gpu_pkb_replay.py --checkout .pkb/first \\
+        --set .pkb/first/solutions_cuda_bf16_h100_8_openai_gpt-5.5 --out $OUT --concurrency 12 --budget-s 510
+    python benchmarks/gpu_pkb_replay.py ... --device cpu --limit 3      # the dry run: the plumbing on CPU
+
+Writes OUT/replay.json (a row per file: verdict, seconds, compile and in-call build seconds, the failure's
+first line, the infra_error's cause) and OUT/replay.md, prints the summary last. The run folder is
+OUT/runs/replay (docs/run-layout.md). Needs what `pkb run` needs (pydantic, structlog, tenacity, langgraph,
+langchain-core, rich, tiktoken: carry their wheels to a GPU machine without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+# 2026-12-01, one H200, the same command at --concurrency 8..14 in three batches (issue 30, docs/pkb.md).
+BEFORE = {"finished": "74 of 79 (5 unfinished after 16 more minutes; 4 not started)",
+          "verdicts": {"correct": 23, "output_mismatch": 12, "runtime_error": 10, "compile_error": 5,
+                       "shape_mismatch": 1, "deadlock": 1, "infra_error": 22},
+          "infra_error": "5 multicast (right), 17 the one-GPU mode's collectives (gloo)",
+          "wall": "about 27 min for 74 files"}
+
+# How an infra_error's message names its cause.
+CAUSES = (
+    ("multicast (refused: must never run here)", ("multicast", "multimem", "NVLS")),
+    ("gloo / emulation collectives", ("gloo", "Gloo", "does not support alltoall", "Bad address",
+                                      "Connection closed by peer", "invalid tensor size")),
+    ("reference too slow (derived limit)", ("derived from the reference's measured cost", "reference_call_s")),
+    ("reference failed", ("the reference raised", "the reference pool", "the reference did not finish")),
+    ("environment (package, CUDA)", ("needs the package", "is not installed", "needs CUDA")),
+    ("not available in emulation (other)", ("not available in emulation",)),
+)
+
+
+def cause_of(message: str) -> str:
+    for cause, needles in CAUSES:
+        if any(n in message for n in needles):
+            return cause
+    return "other: " + message.splitlines()[0][:120] if message else "other"
+
+
+def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path) -> tuple[float, bool]:
+    command = [sys.executable, "-m", "agent.cli", "run", "--model", f"replay:{set_dir}",
+               "--source", f"pkb:{args.checkout.resolve()}", "--device", args.device, "--world-size", "2",
+               "--no-timing", "--trials", "3", "--concurrency", str(args.concurrency),
+               "--runs-dir", str(runs), "--run-id", "replay"]
+    if args.device == "cuda":
+        command += ["--ranks-per-gpu", "2"]
+    print("$", " ".join(command), flush=True)
+    started = time.perf_counter()
+    log = (args.out / "replay.log").open("wb")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        proc.wait(timeout=args.budget_s)
+        finished = True
+    except subprocess.TimeoutExpired:
+        finished = False
+        os.killpg(proc.pid, signal.SIGTERM)  # the runner ends its evaluations (and their pools) on SIGTERM
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log.close()
+    return time.perf_counter() - started, finished
+
+
+def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
+    matches = json.loads((run / "replay_matches.json").read_text()) if (run / "replay_matches.json").exists() else {}
+    by_problem = {m.get("problem"): m.get("file") for m in matches.get("files", []) if isinstance(m, dict)}
+    rows = []
+    seen = set()
+    for sample in sorted(run.glob("samples/*/*/*/sample.json")):
+        record = json.loads(sample.read_text())
+        result_path = sample.parent / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        failure = result.get("failure") or {}
+        message = str(failure.get("message") or record.get("error") or "")
+        stages = result.get("stages") or {}
+        row = {"file": by_problem.get(record["problem"], ""), "problem": record["problem"],
+               "status": record.get("status"), "verdict": record.get("verdict"),
+               "seconds": record.get("wall_s"), "compile_s": stages.get("compile"),
+               "build_in_call_s": stages.get("build_in_call"), "reference_s": stages.get("reference"),
+               "reason": message.splitlines()[0][:200] if message else "",
+               "reference_cost": (result.get("integrity") or {}).get("reference_cost")}
+        if row["verdict"] == "infra_error":
+            row["cause"] = cause_of(message)
+        rows.append(row)
+        seen.add(row["file"])
+    for name in files:
+        if name not in seen and not any(r["file"] == name for r in rows):
+            rows.append({"file": name, "problem": "", "status": "not started", "verdict": None})
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: argparse.Namespace) -> str:
+    done = [r for r in rows if r.get("status") == "finished"]
+    verdicts = Counter(r["verdict"] for r in done)
+    causes = Counter(r.get("cause") for r in done if r["verdict"] == "infra_error")
+    seconds = sorted(float(r["seconds"]) for r in done if r.get("seconds") is not None)
+    compile_s = sorted(float(r["compile_s"]) for r in done if r.get("compile_s"))
+
+    def median(xs: list[float]) -> str:
+        return f"{xs[len(xs) // 2]:.1f}" if xs else "-"
+
+    lines = [f"# Replay of {args.set.name} on one GPU, emulated W = 2", "",
+             f"Command wall: {wall_s:.0f} s (budget {args.budget_s:.0f} s, "
+             f"{'finished' if finished else 'stopped at the budget'}), concurrency {args.concurrency}, "
+             f"device {args.device}.", "",
+             "| | this run | 2026-12-01 |", "|---|---|---|",
+             f"| files finished | {len(done)} of {len(rows)} | {BEFORE['finished']} |",
+             *[f"| {v} | {verdicts.get(v, 0)} | {BEFORE['verdicts'].get(v, 0)} |"
+               for v in sorted(set(verdicts) | set(BEFORE["verdicts"]), key=str)],
+             f"| infra_error causes | {', '.join(f'{c}: {n}' for c, n in causes.most_common()) or '-'} | "
+             f"{BEFORE['infra_error']} |",
+             f"| wall | {wall_s:.0f} s | {BEFORE['wall']} |",
+             f"| sample wall, median | {median(seconds)} s | 149 s |",
+             f"| compile stage, median (p90) | {median(compile_s)} s "
+             f"({compile_s[int(0.9 * (len(compile_s) - 1))]:.1f} s) |" if compile_s else "| compile stage | - |",
+             "", "| file | problem | verdict | s | compile s | build in call s | cause / reason |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (int(r["file"].split("_")[0]) if r["file"][:1].isdigit() else 999,
+                                         r["file"])):
+        reason = r.get("cause") or r.get("reason") or r.get("status") or ""
+        lines.append(f"| {r['file']} | {r['problem']} | {r['verdict'] or r.get('status')} | {r.get('seconds') or ''} "
+                     f"| {r.get('compile_s') or ''} | {r.get('build_in_call_s') or ''} | "
+                     f"{str(reason).replace('|', '/')[:140]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkout", type=Path, required=True, help="PKB's first commit (holds the sets)")
+    parser.add_argument("--set", type=Path, required=True, help="the solution set folder")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--budget-s", type=float, default=510.0, help="stop the replay after this many seconds")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N files (by number)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    files = sorted((p.name for p in args.set.glob("*.py")), key=lambda n: (int(n.split("_")[0]), n))
+    set_dir = args.set.resolve()
+    staged = None
+    if args.limit is not None:
+        files = files[:args.limit]
+        staged = Path(tempfile.mkdtemp(prefix="pkb-replay-set-"))
+        set_dir = staged / args.set.name
+        set_dir.mkdir()
+        for name in files:
+            shutil.copy(args.set / name, set_dir / name)
+    runs = args.out / "runs"
+    shutil.rmtree(runs / "replay", ignore_errors=True)
+    try:
+        wall_s, finished = run_replay(args, set_dir, runs)
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    rows = rows_of(runs / "replay", files)
+    (args.out / "replay.json").write_text(json.dumps({"wall_s": wall_s, "finished": finished, "rows": rows,
+                                                      "before": BEFORE, "concurrency": args.concurrency}, indent=1))
+    text = markdown(rows, wall_s, finished, args)
+    (args.out / "replay.md").write_text(text)
+    print("\n".join(text.splitlines()[:18]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
