@@ -90,7 +90,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    # What the arguments alone show is said before anything heavy is imported.
+    check_args(args)
+    # Deferred: the run needs the model stack and the harness (langchain, langgraph, torch).
+    from agent.cli import run_session
+
+    return run_session.execute(args)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What the arguments alone show, said before anything heavy is imported (`pkb sweep` checks its cells so)."""
     if args.concurrency < 1:
         raise CliError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.model_retries < 1:
@@ -101,10 +109,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"--run-id {args.run_id!r}: use letters, digits, '.', '_' and '-' (no '/')")
     if not args.resume and not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
-    # Deferred: the run needs the model stack and the harness (langchain, langgraph, torch).
-    from agent.cli import run_session
-
-    return run_session.execute(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

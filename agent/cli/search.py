@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.cli import emulation
 from agent.cli.common import CliError, console, err_console, plain
 from agent.cli.options import add_executor_arguments, executor_from_args
 from agent.model_spec import ProviderError, parse_model_spec
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 # (option, dest): every option that sets the search's config; refused with --resume.
 CONFIG_OPTIONS = (
     ("--model", "model"), ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
-    ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
+    ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"), ("--seed", "seed"),
+    ("--trials", "trials"), ("--proposer", "proposer"), ("--proposer-turns", "proposer_turns"),
     ("--no-timing", "no_timing"), ("--phase-timeout", "phase_timeout"), ("--fresh-reference", "fresh_reference"),
     ("--timing-iters", "timing_iters"),
     ("--strategy", "strategy"),
@@ -69,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--source", help="pkb:PATH to search a ParallelKernelBench checkout's problems")
     what.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     what.add_argument("--world-size", type=int, help="ranks (default 2)")
+    emulation.add_argument(p, default=None)
     what.add_argument("--shape", help="shape name (default: 'small' on cpu, 'default' on cuda)")
     what.add_argument("--seed", type=int, help="seed of every draw and of the tools' inputs (default 0)")
     what.add_argument("--trials", type=int, help="correctness trials per evaluation (default 5)")
@@ -78,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fresh-reference", action="store_true", default=None,
                       help="time the reference beside every candidate (a shared machine whose speed drifts)")
     how = p.add_argument_group("strategy")
+    how.add_argument("--proposer", help="how a candidate is proposed, named like a condition: zero-shot (one model "
+                                        "call, default) or agent:<tool>+<tool> (an agent episode that may compile "
+                                        "and check before an evaluation is spent)")
+    how.add_argument("--proposer-turns", type=int, help="model calls of an agent proposer's episode (default 4)")
     how.add_argument("--strategy", choices=STRATEGIES, help="independent (the control), best_first (default), "
                                                            "islands")
     how.add_argument("--islands", type=int, help="islands (default 3)")
@@ -148,14 +155,17 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
     device = args.device or "cpu"
     positive = {"--trials": args.trials, "--window": args.window, "--islands": args.islands,
                 "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds,
-                "--rescore-candidates": args.rescore_candidates}
+                "--rescore-candidates": args.rescore_candidates, "--proposer-turns": args.proposer_turns,
+                "--ranks-per-gpu": args.ranks_per_gpu}
     for option, value in positive.items():
         if value is not None and value < 1:
             raise CliError(f"{option} must be at least 1, got {value}")
     try:
         return SearchConfig(
             model=_model_text(args.model), problems=problems, source=args.source, device=device,
-            world_size=_pick(args.world_size, 2), shape=args.shape or ("default" if device == "cuda" else "small"),
+            world_size=_pick(args.world_size, 2), ranks_per_gpu=_pick(args.ranks_per_gpu, 1),
+            proposer=_pick(args.proposer, "zero-shot"), proposer_turns=_pick(args.proposer_turns, 4),
+            shape=args.shape or ("default" if device == "cuda" else "small"),
             seed=_pick(args.seed, 0), trials=_pick(args.trials, 5), skip_timing=bool(args.no_timing),
             phase_timeout_s=args.phase_timeout, fresh_reference=bool(args.fresh_reference),
             timing_iters=args.timing_iters,
@@ -211,10 +221,13 @@ def _prices(config: SearchConfig) -> PriceTable:
     return prices
 
 
-def _scheduler(device: str, world_size: int, executor: str) -> DeviceScheduler | None:
+def _scheduler(device: str, world_size: int, executor: str, ranks_per_gpu: int = 1) -> DeviceScheduler | None:
     from agent.scheduler import DeviceScheduler, SchedulerError  # torch's device count: when it runs
 
+    emulation.check(device, world_size, ranks_per_gpu)
     if executor != "local":
+        if ranks_per_gpu > 1:
+            raise CliError("--ranks-per-gpu runs on this machine's GPUs: leave --executor at local")
         return None
     if device == "cuda":
         import torch
@@ -222,7 +235,7 @@ def _scheduler(device: str, world_size: int, executor: str) -> DeviceScheduler |
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
     try:
-        return DeviceScheduler(device, world_size)
+        return DeviceScheduler(device, world_size, ranks_per_gpu=ranks_per_gpu)
     except SchedulerError as err:
         raise CliError(str(err)) from None
 
@@ -261,19 +274,20 @@ def cmd_search(args: argparse.Namespace) -> int:
         given = _given(args)
         if given:
             raise CliError(f"--resume continues search {args.run_id} as it was started; leave out {', '.join(given)}")
-        device, world_size, shape = stored.device, stored.world_size, stored.shape
+        device, world_size, shape, ranks_per_gpu = stored.device, stored.world_size, stored.shape, stored.ranks_per_gpu
         problems, skipped = _problems(stored.source, stored.problems, world_size, shape)
     else:
         if not args.model:
             raise CliError("--model is required (openai:MODEL, anthropic:MODEL or scripted:mutator)")
         _model_text(args.model)
         device, world_size = args.device or "cpu", _pick(args.world_size, 2)
+        ranks_per_gpu = _pick(args.ranks_per_gpu, 1)
         if world_size < 1:
             raise CliError(f"--world-size must be at least 1, got {world_size}")
         shape = args.shape or ("default" if device == "cuda" else "small")
         problems, skipped = _problems(args.source, args.problems, world_size, shape)
     evaluate, bound = _evaluator(args.evaluator)
-    scheduler = _scheduler(device, world_size, args.executor)
+    scheduler = _scheduler(device, world_size, args.executor, ranks_per_gpu)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
     try:
         capacity = max(1, executor.capacity(world_size, device))
@@ -294,7 +308,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(f"pkb: skipping problem(s) without world size {world_size}: {', '.join(skipped)}", file=sys.stderr)
         if stored is None:
             try:
-                create(directory, config)
+                create(directory, config, problems=problems, executor=executor.name)
             except SearchError as err:
                 raise CliError(str(err)) from None
         if isinstance(executor, RayExecutor):

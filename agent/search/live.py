@@ -136,7 +136,7 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
     lines = timeline(archive)
     speed = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["speedup"]) for pt in pts] for p, pts in lines.items()}
     frac = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["fraction"]) for pt in pts] for p, pts in lines.items()}
-    stats = throughput(archive, config.world_size)
+    stats = throughput(archive, config.gpus_per_evaluation)
     refresh = "" if final else f'<meta http-equiv="refresh" content="{REFRESH_S}">'
     body = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS) + "</tr>"]
     body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(r)) + "</tr>" for r in rows]

@@ -84,7 +84,7 @@ def build(path: Path) -> dict[str, Any]:
         rows = problem_rows(archive, config.problems, config.rescore_seeds)
         every = {c.id: c for c in archive.candidates()}
         notes = {r["id"]: (r["note"] or "") for r in archive.rows(("id", "note"))}
-        stats = throughput(archive, config.world_size)
+        stats = throughput(archive, config.gpus_per_evaluation)
         series = timeline(archive)
         stop_reason = search_stop_reason(archive)
         sessions = archive.sessions()
