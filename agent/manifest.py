@@ -2,7 +2,7 @@
 
     {"schema": "pkb-manifest/1",
      "code": {"commit": "4076da7...", "dirty": false, "diff_sha256": null, "version": "0.1.0"},
-     "source": {"kind": "suite"} | {"kind": "pkb", "path": "/abs/checkout", "commit": "...", "dirty": false,
+     "problem_source": {"kind": "suite"} | {"kind": "pkb", "path": "/abs/checkout", "commit": "...", "dirty": false,
                                    "diff_sha256": null, "tree_sha256": "..."},
      "problem_sha256": {"all_reduce": "<sha256 of its source>", ...},
      "prompts_sha256": "<sha256 over prompts.hashes()>",
@@ -110,17 +110,19 @@ def hardware(env: Mapping[str, Any]) -> dict[str, Any]:
 def build(config: Mapping[str, Any], *, problem_hashes: Mapping[str, str], prompt_hashes: Mapping[str, str],
           environment: Mapping[str, Any], executor: str | None) -> dict[str, Any]:
     """The manifest of a run (or a search) with this config (a RunConfig's dump, or a SearchConfig's)."""
-    return {
+    records = {
         "schema": MANIFEST_SCHEMA,
         "code": code_state(),
-        "source": source_record(config.get("source"), problem_hashes),
+        "problem_source": source_record(config.get("source"), problem_hashes),
         "problem_sha256": dict(sorted(problem_hashes.items())),
         "prompts_sha256": prompts_digest(prompt_hashes),
         "model": {key: config.get(key) for key in MODEL_KEYS if key in config},
-        **{key: config.get(key) for key in SETTING_KEYS if key in config},
         "executor": executor,
         "hardware": hardware(environment),
     }
+    settings = {key: config.get(key) for key in SETTING_KEYS if key in config}
+    assert not set(settings) & set(records), "a setting would hide a record of the manifest"
+    return {**records, **settings}
 
 
 def problem_hashes(problems: Iterable[Any]) -> dict[str, str]:
@@ -135,7 +137,7 @@ def comparable(header: Mapping[str, Any]) -> dict[str, Any]:
     config = header.get("config") or {}
     manifest = header.get("manifest") or {}
     code = manifest.get("code") or {}
-    source = manifest.get("source") or {}
+    source = manifest.get("problem_source") or {}
     out: dict[str, Any] = {
         "code.commit": code.get("commit"), "code.dirty": code.get("dirty"), "code.diff_sha256": code.get("diff_sha256"),
         "code.version": code.get("version", (header.get("versions") or {}).get("pkb_agent")),
