@@ -172,3 +172,30 @@ def test_a_sweep_killed_midway_resumes_every_cell_once_and_reports_the_known_del
         assert pk["p_value"] == pytest.approx(p) and pk["p_holm"] >= pk["p_value"], pair
         assert c["metrics"]["fast_1_at_k"]["mean"] == pytest.approx(delta) or delta > 0, pair
     assert data["k"] == 2 and all(a["samples"]["finished"] == 4 for a in data["arms"])
+
+
+def test_search_cells_ablate_the_proposer_and_are_checked_by_pkb_searchs_own_parser(tmp_path: Path, capsys):
+    search = """
+problems = ["all_reduce"]
+[[models]]
+label = "mut"
+model = "scripted:mutator"
+[conditions]
+names = []
+[search]
+proposers = ["zero-shot", "agent:compile+check"]
+budget_candidates = 6
+proposer_turns = 3
+"""
+    file = write(tmp_path / "search.toml", search)
+    assert cli.main(["sweep", str(file), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "mut--search-zero-shot--seed0" in out and "mut--search-agent_check.compile--seed0" in out
+    searches = next(line for line in out.splitlines() if "│ searches" in line)
+    assert [c.strip() for c in searches.split("│")[1:4]] == ["searches", "2", "12"]  # 2 cells x 6 candidates
+    bad = write(tmp_path / "bad.toml", search.replace("proposer_turns = 3", "proposer_turns = 3\nwindoww = 2"))
+    assert cli.main(["sweep", str(bad), "--dry-run"]) == 2
+    assert "unknown key 'windoww'" in one_line_error(capsys)
+    mixed = write(tmp_path / "mixed.toml", search.replace("names = []", 'names = ["zero-shot"]'))
+    assert cli.main(["sweep", str(mixed), "--dry-run"]) == 2
+    assert "scripted:mutator writes search proposals only" in one_line_error(capsys)

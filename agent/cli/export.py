@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def records(paths: list[str]) -> Iterator[dict[str, Any]]:
-    # Deferred: the run reader (pydantic) and the sweep's layout are the command's alone.
+    # Deferred (all three): the run reader (pydantic) and the sweep's layout are the command's alone.
     from agent.report.export import sample_records
     from agent.report.run_reader import RunFormatError, read_run
     from agent.sweep.report import SweepReportError, cell_runs, is_sweep
@@ -42,6 +42,7 @@ def records(paths: list[str]) -> Iterator[dict[str, Any]]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    # Deferred: what the command needs, loaded when it runs (`pkb --help` stays light).
     from agent.report.export import to_jsonl
     from agent.rundir import write_text_atomic
 

@@ -37,6 +37,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweep = load(args.file)
     except SweepError as err:
         raise CliError(str(err)) from None
-    from agent.cli import sweep_session
+    from agent.cli import sweep_session  # the suite, the model stack and the run session: once the file parses
 
     return sweep_session.execute(sweep, args)

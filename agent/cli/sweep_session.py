@@ -32,6 +32,7 @@ from agent.model_spec import ProviderError, parse_model_spec
 from agent.model_table import ModelTableError, load_model_table
 from agent.runner import RunConfig
 from agent.scripted import scripted_model
+from agent.search.mutator import is_mutator
 from agent.sweep import plan
 from agent.sweep.layout import SweepDir, write_header
 from agent.sweep.spec import Cell, Sweep
@@ -86,15 +87,20 @@ def problems_of(sweep: Sweep) -> tuple[list[Problem], list[str]]:
     return usable, [p.name for p in chosen if p not in usable]
 
 
-def check_models(sweep: Sweep, *, clients: bool) -> None:
+def check_models(sweep: Sweep) -> None:
     """Every model must be one pkb can call: a script file that loads, or a model the model table or the price
-    table lists (or any model on a server of the user's own, base_url); `clients`: build each client too (a
-    missing API key is one line now, not an error in the middle of the sweep)."""
+    table lists (or any model on a server of the user's own, base_url). Clients are built (a missing key) when
+    the sweep runs, not for a dry run."""
     for label in sweep.labels:
         entry = sweep.model(label)
         spec = parse_model_spec(entry.model_text(sweep.base))
         where = f"{sweep.path}: model {label} ({spec.text})"
         if spec.provider == "scripted":
+            if is_mutator(spec.name):  # the search's own scripted model: it proposes, it runs no agent loop
+                if sweep.conditions:
+                    raise CliError(f"{where}: scripted:mutator writes search proposals only; give the sweep "
+                                   "conditions.names = [] and a [search] table, or another model")
+                continue
             try:
                 scripted_model(spec.name)
             except ProviderError as err:
@@ -224,7 +230,7 @@ def print_dry_run(sweep: Sweep, planned: Sequence[Planned], problems: Sequence[P
         console.print(plain(f"left out (no world size {sweep.spec.world_size}): {', '.join(skipped)}"))
     rows, total = ceiling(sweep, planned, len(problems))
     table = Table(title=plain("budget ceiling (the most the budgets allow; docs/sweep.md)"))
-    for col in ("part", "cells", "samples", "tokens", "dollars", "wall (serial)", "GPU"):
+    for col in ("part", "cells", "samples / candidates", "tokens", "dollars", "wall (serial)", "GPU"):
         table.add_column(col)
     for row in rows:
         table.add_row(*map(plain, row))
@@ -236,17 +242,27 @@ def print_dry_run(sweep: Sweep, planned: Sequence[Planned], problems: Sequence[P
 
 # -- running ----------------------------------------------------------------------------------------
 def _search_done(folder: Path) -> str | None:
-    """The stop reason of a search cell that ended for good; None while `--resume` would continue it."""
+    """What a search cell that ended for good found (its stop reason, and per problem the reported speedup);
+    None while `--resume` would continue it."""
     from agent.search.archive import Archive  # sqlite: only for search cells
+    from agent.search.layout import SearchDir, load_config
     from agent.search.loop import search_stop_reason
+    from agent.search.summary import problem_rows
 
     if not (folder / "archive.sqlite").is_file():
         return None
+    config = load_config(SearchDir(folder))
     with Archive(folder / "archive.sqlite") as archive:
         events = folder / "events.jsonl"
         finished = events.is_file() and '"search_finished"' in events.read_text(errors="replace")
         reason = search_stop_reason(archive)
-    return reason if finished and reason not in RESUMABLE_SEARCH else None
+        rows = problem_rows(archive, config.problems, config.rescore_seeds)
+    if not finished or reason in RESUMABLE_SEARCH:
+        return None
+    found = "; ".join(f"{r.problem} {r.correct}/{r.evaluated} correct, reported "
+                      + (f"{r.reported.speedup:.3g}x" if r.reported and r.reported.speedup is not None else "none")
+                      for r in rows)
+    return f"{reason}: {found}"
 
 
 def run_cells(sweep: Sweep, planned: Sequence[Planned], directory: SweepDir, resume_hint: str
@@ -267,7 +283,10 @@ def run_cells(sweep: Sweep, planned: Sequence[Planned], directory: SweepDir, res
             if p.cell.id in done:
                 progress.update(task if p.cell.kind == "run" else search_task or task,
                                 advance=p.samples if p.cell.kind == "run" else 1)
-                outcomes.append((p, "done before"))
+                facts = done[p.cell.id]
+                said = (f"stopped: {facts.get('outcome')}" if p.cell.kind == "search"
+                        else f"{facts.get('correct', '?')}/{facts.get('samples', '?')} correct")
+                outcomes.append((p, f"{said} (done before)"))
                 continue
             progress.update(task, description=label)
             if p.cell.kind == "run":
@@ -307,7 +326,7 @@ def _search_cell(p: Planned, directory: SweepDir) -> str:
     if (folder / "search.json").is_file():
         reason = _search_done(folder)
         if reason is not None:
-            directory.mark_done(p.cell, stop_reason=reason)
+            directory.mark_done(p.cell, outcome=reason)
             return f"stopped: {reason}"
         argv = ["--run-id", p.cell.id, "--runs-dir", str(directory.cells), "--resume", "--no-live",
                 *p.argv[p.argv.index("--executor"):p.argv.index("--no-live")]]
@@ -316,7 +335,7 @@ def _search_cell(p: Planned, directory: SweepDir) -> str:
     code = cli_search.cmd_search(_parse(SEARCH_PARSER, argv, p.cell))
     reason = _search_done(folder)
     if code == 0 and reason is not None:
-        directory.mark_done(p.cell, stop_reason=reason)
+        directory.mark_done(p.cell, outcome=reason)
         return f"stopped: {reason}"
     return "unfinished (running the sweep again continues it)"
 
@@ -335,7 +354,7 @@ def print_outcomes(sweep: Sweep, outcomes: Sequence[tuple[Planned, str]], direct
 def execute(sweep: Sweep, args: argparse.Namespace) -> int:
     """`pkb sweep` once its file has parsed."""
     problems, skipped = problems_of(sweep)
-    check_models(sweep, clients=False)
+    check_models(sweep)
     directory = SweepDir(Path(args.runs_dir) / sweep.name)
     planned = plan_cells(sweep, problems, directory, args)
     if args.dry_run:

@@ -6,7 +6,7 @@
                         lists the cells of the file as last run (a cell the file no longer names keeps its
                         folder, and leaves the report)
       sweep.toml        the sweep file as last run
-      state.json        cells done: {"done": {cell id: {"finished_at", "samples"|"stop_reason"}}}
+      state.json        cells done: {"done": {cell id: {"finished_at", "samples", "correct" | "outcome"}}}
       cells/<id>/       each cell: a `pkb run` run (docs/run-layout.md) or a `pkb search` (docs/search.md)
 
 Every file is written atomically (agent.rundir). A cell is entered in state.json once it has ended complete

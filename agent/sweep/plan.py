@@ -31,7 +31,7 @@ class Ceiling:
     """What cells may spend at most; None: unbounded (the reason in `why`)."""
 
     cells: int
-    samples: int
+    samples: int  # a search's: candidates (0 when no candidate budget bounds them)
     tokens: float | None
     cost_usd: float | None
     wall_s: float | None
@@ -109,6 +109,7 @@ def search_cells(options: dict[str, Any], *, cells: int, problems: int, device: 
         return None
 
     why: list[str] = []
+    candidates = limit("budget_candidates", "problem_candidates")
     tokens = limit("budget_tokens", "problem_tokens")
     cost = limit("budget_cost", "problem_cost")
     wall = limit("budget_hours", "problem_hours", 3600.0)
@@ -117,4 +118,4 @@ def search_cells(options: dict[str, Any], *, cells: int, problems: int, device: 
                         ("search GPU", gpu)):
         if value is None:
             why.append(f"{name}: set the [search] table's budget_* (or problem_*) key")
-    return Ceiling(cells, 0, tokens, cost, wall, gpu, tuple(why))
+    return Ceiling(cells, int(candidates or 0), tokens, cost, wall, gpu, tuple(why))

@@ -84,8 +84,14 @@ def cell_runs(path: Path) -> dict[str, list[Run]]:
 def pooled_runs(path: Path, *, force: bool = False) -> list[Run]:
     """One pooled run per model of the sweep (module doc); refuses a sweep with no started run cell."""
     by_model = cell_runs(path)
-    runs = [pool(label, cells, path, force=force) for label, cells in by_model.items() if cells]
+    runs = [run for label, cells in by_model.items() if cells
+            for run in [pool(label, cells, path, force=force)] if run.samples]
     if not runs:
+        searches = [c for c in SweepDir(path).read_header()["cells"] if isinstance(c, dict)
+                    and c.get("kind") == "search"]
+        if searches:
+            raise SweepReportError(f"sweep {path} has no run cell with samples; its searches have a report each: "
+                                   f"pkb report {path / 'cells' / str(searches[0].get('id'))} (and the others)")
         raise SweepReportError(f"sweep {path} has no run cell with samples yet (run it: pkb sweep "
                                f"{path / 'sweep.toml'})")
     return runs

@@ -141,8 +141,6 @@ class Conditions(_Strict):
                     add(parse_condition("agent:" + "+".join(t for t in pool if t != tool)))
             else:
                 add(parse_condition("agent:" + "+".join(pool)))
-        if not out:
-            raise ConditionError("no condition: give conditions.names and/or conditions.families")
         return out
 
 
@@ -316,6 +314,9 @@ def parse(text: str, path: Path) -> Sweep:
         proposers = spec.search.conditions() if spec.search is not None else []
     except ConditionError as err:
         raise SweepError(f"{path}: {err}") from None
+    if not conditions and not proposers:
+        raise SweepError(f"{path}: no condition: give conditions.names and/or conditions.families (or a [search] "
+                         "table)")
     return Sweep(path=path, spec=spec, labels=labels, conditions=conditions, proposers=proposers, text=text)
 
 
