@@ -69,6 +69,7 @@ class Planned:
     argv: list[str]
     config: RunConfig | None = None
     samples: int = 0
+    executor: tuple[str, ...] = ()  # the executor options, which a resumed search is given again
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -146,10 +147,10 @@ def plan_cells(sweep: Sweep, problems: Sequence[Problem], directory: SweepDir, a
             search = spec.search
             assert search is not None
             argv = [*_search_model_options(model.run_options(sweep.base)), "--proposer", cell.condition,
-                    "--seed", str(cell.seed), *search.search_options(), *common, *executor, "--no-live",
-                    "--run-id", cell.id, "--runs-dir", str(directory.cells)]
+                    "--seed", str(cell.seed), "--ranks-per-gpu", str(spec.ranks_per_gpu), *search.search_options(),
+                    *common, *executor, "--no-live", "--run-id", cell.id, "--runs-dir", str(directory.cells)]
             _parse(SEARCH_PARSER, argv, cell)
-            out.append(Planned(cell, argv))
+            out.append(Planned(cell, argv, executor=tuple(executor)))
     return out
 
 
@@ -328,8 +329,7 @@ def _search_cell(p: Planned, directory: SweepDir) -> str:
         if reason is not None:
             directory.mark_done(p.cell, outcome=reason)
             return f"stopped: {reason}"
-        argv = ["--run-id", p.cell.id, "--runs-dir", str(directory.cells), "--resume", "--no-live",
-                *p.argv[p.argv.index("--executor"):p.argv.index("--no-live")]]
+        argv = ["--run-id", p.cell.id, "--runs-dir", str(directory.cells), "--resume", "--no-live", *p.executor]
     else:
         argv = p.argv
     code = cli_search.cmd_search(_parse(SEARCH_PARSER, argv, p.cell))

@@ -147,7 +147,8 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}</style></head><body>",
         f"<h1>search {html.escape(directory.path.name)}</h1>",
-        f"<p>{html.escape(config.strategy.name)} search with {html.escape(config.model)} on {config.device}, "
+        f"<p>{html.escape(config.strategy.name)} search with {html.escape(config.model)} (proposer "
+        f"{html.escape(config.proposer)}) on {config.device}, "
         f"W={config.world_size}, shape {html.escape(config.shape)}. "
         f"{'Finished' if final else 'Running'}: {stats['candidates']} candidates in "
         f"{stats['wall_s'] / 3600:.2f} h; devices busy {_pct(busy)}; updated "
