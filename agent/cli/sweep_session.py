@@ -34,7 +34,7 @@ from agent.runner import RunConfig
 from agent.scripted import scripted_model
 from agent.search.mutator import is_mutator
 from agent.sweep import plan
-from agent.sweep.layout import SweepDir, write_header
+from agent.sweep.layout import SweepDir, SweepLayoutError, write_header
 from agent.sweep.spec import Cell, Sweep
 from agent.usage import PriceTableError, load_price_table
 from harness.emulation import layout
@@ -367,7 +367,13 @@ def execute(sweep: Sweep, args: argparse.Namespace) -> int:
     if skipped:
         print(f"pkb: skipping problem(s) without world size {sweep.spec.world_size}: {', '.join(skipped)}",
               file=sys.stderr)
-    new = write_header(directory, sweep, [p.name for p in problems])
+    for other in ("run.json", "search.json"):
+        if (directory.path / other).exists():
+            raise CliError(f"{directory.path} holds a run ({other}), not a sweep: give the sweep another name")
+    try:
+        new = write_header(directory, sweep, [p.name for p in problems])
+    except SweepLayoutError as err:
+        raise CliError(f"{err}: is {directory.path} another sweep's folder? give the file another name") from None
     done = directory.done()
     console.print(plain(f"sweep {sweep.name}: {len(planned)} cells ({sum(p.cell.id in done for p in planned)} done "
                         f"before, {len(new)} new) under {directory.path}"))
