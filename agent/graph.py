@@ -236,8 +236,10 @@ def bind_model(ctx: SampleContext) -> tuple[Runnable[Any, BaseMessage], int]:
     return ctx.model.bind_tools(tools), tools_token_count([convert_to_openai_tool(t) for t in tools])
 
 
-def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
-    """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable."""
+def build_graph(ctx: SampleContext, checkpointer: Any = None, *, final_scoring: bool = True) -> Any:
+    """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable. Without
+    `final_scoring` the score node only names the final candidate (scoring.final) and evaluates nothing: a
+    search's agent proposer, whose candidate the search evaluates itself (agent.search.episode)."""
     bound, tools_tokens = bind_model(ctx)
     log = ctx.log
     is_agent = ctx.condition.kind == AGENT
@@ -364,8 +366,8 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None) -> Any:
     def score(state: AgentState) -> dict[str, Any]:
         candidates = state.get("candidates") or []
         final = state.get("submitted") or (candidates[-1]["path"] if candidates else None)
-        if final is None:
-            return {"result": None, "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": None}}
+        if final is None or not final_scoring:
+            return {"result": None, "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": final}}
         write_bytes_atomic(ctx.directory.final_py, (ctx.directory.path / final).read_bytes())
         scored = score_file(ctx.problem, ctx.directory.final_py, config=ctx.config, scheduler=ctx.scheduler,
                             world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,

@@ -32,6 +32,7 @@ from langchain_core.messages import AIMessage
 from pydantic import BaseModel, Field
 
 import prompts
+from agent import manifest
 from agent.budgets import Budget, Spent
 from agent.conditions import REPLAY, Condition, parse_condition
 from agent.context import DEFAULT_SHARE, ContextPolicy
@@ -186,26 +187,34 @@ def topology_record(device: str) -> dict[str, Any] | None:
     return profile.model_dump(mode="json") if profile is not None else None
 
 
-def run_header(run_id: str, config: RunConfig, prices: PriceTable | None) -> dict[str, Any]:
+def run_header(run_id: str, config: RunConfig, prices: PriceTable | None, *, problems: Sequence[Problem] = (),
+               executor: str | None = None) -> dict[str, Any]:
+    dumped = config.model_dump(mode="json")
+    hashes = prompts.hashes()
+    env = environment()
     return {
         "schema": RUN_SCHEMA,
         "run_id": run_id,
         "created_at": now(),
-        "config": config.model_dump(mode="json"),
+        "config": dumped,
         "versions": versions(),
-        "prompt_hashes": prompts.hashes(),
+        "prompt_hashes": hashes,
         "prices": {"source": prices.source, "version": prices.version} if prices is not None else None,
         "topology": topology_record(config.device),
-        "environment": environment(),
+        "environment": env,
+        # agent.manifest: the code's commit, the problems' hashes, the hardware: what a comparison must hold equal
+        "manifest": manifest.build(dumped, problem_hashes=manifest.problem_hashes(problems), prompt_hashes=hashes,
+                                   environment=env, executor=executor),
     }
 
 
-def create_run(run_dir: RunDir, config: RunConfig, prices: PriceTable | None) -> dict[str, Any]:
-    """Start a new run: refuse an existing one (it needs --resume)."""
+def create_run(run_dir: RunDir, config: RunConfig, prices: PriceTable | None, *, problems: Sequence[Problem] = (),
+               executor: str | None = None) -> dict[str, Any]:
+    """Start a new run: refuse an existing one (it needs --resume). `problems` and `executor` go into its manifest."""
     if run_dir.run_json.exists():
         raise RunError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    header = run_header(run_dir.path.name, config, prices)
+    header = run_header(run_dir.path.name, config, prices, problems=problems, executor=executor)
     write_json_atomic(run_dir.run_json, header)
     return header
 

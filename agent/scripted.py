@@ -10,11 +10,15 @@
 Steps: ("text", content), ("tool", name, args), ("tools", [(name, args), ...]), or an AIMessage as is.
 In JSON (a list of steps, or {"steps": [...]}) the same steps are lists: ["tool", "check", {...}].
 `scripted:NAME` names a script registered with register_script, or a .json file holding one.
+
+An answer table ({"answers": ...} in the .json file) is a model whose outcome is known per condition and
+problem, for sweeps with a known answer (tests, docs/sweep.md): AnswerTableChatModel.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,14 +141,83 @@ def register_script(name: str, steps: Iterable[Any]) -> None:
     _SCRIPTS[name] = lambda: [message.model_copy(deep=True) for message in script]
 
 
-def scripted_model(name: str) -> ScriptedChatModel:
-    """The model behind `scripted:NAME`: a registered script, or a .json script file."""
+_PROBLEM_LINE = re.compile(r"^# Problem: (\S+)", re.M)  # prompts/task.md's first line
+ANY = "*"
+
+
+class AnswerTableChatModel(BaseChatModel):
+    """Answers every call from a table: condition -> problem -> code (None: a reply without code).
+
+    The condition is read from the tools bound to the call (none: zero-shot; else agent:<tools>, recall and
+    submit left out, as agent.conditions names it), the problem from the task's `# Problem: NAME` line; "*"
+    stands for any condition or problem not listed. An agent gets the code as a reply without tool calls,
+    which is its submission. Stateless, so a resumed sample needs nothing to pick up where it was.
+
+    JSON: {"answers": {"zero-shot": {"*": null}, "agent:check": {"all_reduce": "correct_ar.py", "*": null}}},
+    each file relative to the JSON file.
+    """
+
+    answers: dict[str, dict[str, str | None]]
+    table_name: str = "answers"
+    usage: UsageMetadata | None = Field(default_factory=lambda: DEFAULT_USAGE.copy())
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-answers"
+
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any], *,
+                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
+        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
+
+    def condition(self, tools: Sequence[dict[str, Any]] | None) -> str:
+        # Deferred: agent.conditions reads the tool registry, which a plain scripted script never needs.
+        from agent.conditions import AGENT, RECALL, SUBMIT, ZERO_SHOT
+
+        names = sorted(t["function"]["name"] for t in tools or [] if t["function"]["name"] not in (RECALL, SUBMIT))
+        return f"{AGENT}:{'+'.join(names)}" if tools else ZERO_SHOT
+
+    def answer(self, condition: str, problem: str | None) -> str | None:
+        table = self.answers.get(condition, self.answers.get(ANY, {}))
+        return table.get(problem or "", table.get(ANY))
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        text = "\n".join(m.content for m in messages if isinstance(m.content, str))
+        found = _PROBLEM_LINE.search(text)
+        code = self.answer(self.condition(kwargs.get("tools")), found.group(1) if found else None)
+        content = f"Here is the kernel.\n\n```python\n{code.rstrip()}\n```\n" if code is not None else \
+            "I cannot write this kernel."
+        reply = AIMessage(content=content)
+        if self.usage is not None:
+            reply.usage_metadata = UsageMetadata(**self.usage)
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+def answer_table(path: Path, data: dict[str, Any]) -> AnswerTableChatModel:
+    """The AnswerTableChatModel of a JSON file; files named in it are read relative to it."""
+    answers = data["answers"]
+    if not isinstance(answers, dict) or not all(isinstance(v, dict) for v in answers.values()):
+        raise ValueError('"answers" must map each condition to an object of problem -> file or null')
+    table: dict[str, dict[str, str | None]] = {}
+    for condition, by_problem in answers.items():
+        table[condition] = {}
+        for problem, file in by_problem.items():
+            if file is not None and not isinstance(file, str):
+                raise ValueError(f"answers.{condition}.{problem} must be a file name or null")
+            table[condition][problem] = None if file is None else (path.parent / file).read_text()
+    return AnswerTableChatModel(answers=table, table_name=str(path))
+
+
+def scripted_model(name: str) -> BaseChatModel:
+    """The model behind `scripted:NAME`: a registered script, or a .json file (a script or an answer table)."""
     if name in _SCRIPTS:
         return ScriptedChatModel(script=_SCRIPTS[name](), script_name=name)
     path = Path(name)
     if path.suffix == ".json" and path.is_file():
         try:
             data = json.loads(path.read_text())
+            if isinstance(data, dict) and "answers" in data:
+                return answer_table(path, data)
             steps = data["steps"] if isinstance(data, dict) else data
             return ScriptedChatModel(script=script_from_steps(steps), script_name=name)
         except (OSError, ValueError, KeyError, TypeError) as err:

@@ -9,6 +9,7 @@ a little, as a real one does). A barrier in every call makes a kernel look twice
 `uses_torch_collectives` flag: the search must never breed from it. `bound` is a roofline record of a fixed 0.01 ms.
 
 PKB_FAKE_EVAL_DELAY (seconds) slows each evaluation down, so that a test can kill a search mid-way.
+`RemoteLike` is an executor like the Ray one (requests by value) with this module underneath.
 `pkb search --evaluator tests.search_fakes` uses this module.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,3 +105,33 @@ def evaluate(problem: Problem, candidate_path: Path, *, world_size: int, device:
 
 def bound(problem: Problem) -> dict[str, Any]:
     return {"bound_s": BOUND_MS / 1e3, "binding": "interconnect", "traffic_source": "declared", "notes": []}
+
+
+class RemoteLike:
+    """An executor the way RayExecutor is one: requests by value, device calls by function; fake underneath."""
+
+    name = "remote"
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.device_calls: list[str] = []
+
+    def evaluate(self, request: Any) -> Any:
+        from agent.executors.request import problem_for  # the agent layer: only where an executor is faked
+
+        self.requests.append(request)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(request.candidate_name).name
+            path.write_bytes(request.source_bytes)
+            return evaluate(problem_for(request.problem_spec), path, world_size=request.world_size,
+                            device=request.device, shape=request.shape, config=request.eval_config())
+
+    def run_on_devices(self, world_size: int, device: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.device_calls.append(fn.__name__)
+        return bound(args[0])
+
+    def capacity(self, world_size: int, device: str) -> int:
+        return 4
+
+    def close(self) -> None:
+        pass

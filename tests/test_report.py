@@ -354,6 +354,6 @@ def test_report_of_a_real_run_renders_in_headless_chromium(real_run: Path, tmp_p
     plot = _rgb8(imread(io.BytesIO(base64.b64decode(encoded.group(1))), format="png"))
     where = find_image(screen, plot)
     assert where is not None, "the fast_p plot is not drawn in the screenshot"
-    # above it, the tables are drawn: the runs table, the headline table and the comparison, each with its
-    # header row in the CSS's header colour
-    assert header_bands(screen[:where[0]]) == 3
+    # above it, the tables are drawn: the runs table, the headline table, the comparison and the compact table's
+    # two (arms, comparisons), each with its header row in the CSS's header colour
+    assert header_bands(screen[:where[0]]) == 5

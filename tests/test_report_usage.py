@@ -19,7 +19,7 @@ HEADLINE = "| condition | problems | samples |"
 COST, TOKENS, GPU = 8, 9, 11  # columns of the headline table
 
 
-def report_json(capsys, *runs: Path) -> dict:
+def report_json(capsys, *runs: Path | str) -> dict:
     capsys.readouterr()
     assert cli.main(["report", *map(str, runs), "--format", "json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -74,7 +74,8 @@ def test_tokens_a_provider_did_not_report_are_a_lower_bound(tmp_path: Path):
 def test_gpu_seconds_only_for_gpu_runs(tmp_path: Path):
     cpu = make_run(tmp_path, "cpu-run")
     gpu = make_run(tmp_path, "gpu-run", device="cuda")
-    rows = {r[0]: r for r in md_rows(to_markdown(build([read_run(cpu), read_run(gpu)])), HEADLINE)}
+    # runs on other devices are compared only when forced (their manifests differ in the device)
+    rows = {r[0]: r for r in md_rows(to_markdown(build([read_run(cpu), read_run(gpu)], force=True)), HEADLINE)}
     assert rows["cpu-run/zero-shot"][GPU] == "n/a (cpu)"
     assert rows["gpu-run/zero-shot"][GPU] == "4.5 s"  # 9 samples of 0.5 s
     assert rows["gpu-run/agent:check+compile"][GPU] == "18 s"
@@ -86,13 +87,17 @@ def test_notes_on_what_is_not_comparable(tmp_path: Path, capsys):
     header = json.loads((b / "run.json").read_text())  # run-b was asked for an agent condition too
     header["config"]["conditions"] = ["zero-shot", "agent:bench"]
     (b / "run.json").write_text(json.dumps(header))
-    data = report_json(capsys, a, b)
-    assert data["notes"] == [
+    capsys.readouterr()
+    assert cli.main(["report", str(a), str(b)]) == 2  # refused: the manifests differ in device and world size
+    assert "differ in device, world_size besides the compared run" in capsys.readouterr().err
+    data = report_json(capsys, a, b, "--force")
+    assert data["notes"][:3] == [
         "the runs differ in device (run-a: cpu, run-b: cuda): their speedups and costs are not comparable",
         "the runs differ in world size (run-a: 2, run-b: 4): their speedups and costs are not comparable",
         "run run-b: no sample yet for agent:bench",
     ]
-    rep = build([read_run(a), read_run(b)])
+    assert "marked †" in data["notes"][3]
+    rep = build([read_run(a), read_run(b)], force=True)
     assert "Note: run run-b: no sample yet for agent:bench." in to_markdown(rep)
     assert '<p class="note">Note: the runs differ in device (run-a: cpu, run-b: cuda)' in to_html(rep)
     assert build([read_run(a), read_run(make_run(tmp_path, "run-c"))]).data["notes"] == []

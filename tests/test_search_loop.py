@@ -327,40 +327,8 @@ def test_the_live_page_and_the_report(tmp_path: Path, suite: list[Problem]) -> N
                                                   "queue"}
 
 
-class RemoteLike:
-    """An executor the way RayExecutor is one: requests by value, device calls by function; fake underneath."""
-
-    name = "remote"
-
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-        self.device_calls: list[str] = []
-
-    def evaluate(self, request: Any) -> Any:
-        import tempfile
-
-        from agent.executors.request import problem_for
-
-        self.requests.append(request)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / Path(request.candidate_name).name
-            path.write_bytes(request.source_bytes)
-            return search_fakes.evaluate(problem_for(request.problem_spec), path, world_size=request.world_size,
-                                         device=request.device, shape=request.shape, config=request.eval_config())
-
-    def run_on_devices(self, world_size: int, device: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        self.device_calls.append(fn.__name__)
-        return search_fakes.bound(args[0])
-
-    def capacity(self, world_size: int, device: str) -> int:
-        return 4
-
-    def close(self) -> None:
-        pass
-
-
 def test_evaluations_and_the_bound_go_through_the_executor(tmp_path: Path, suite: list[Problem]) -> None:
-    remote = RemoteLike()
+    remote = search_fakes.RemoteLike()
     config = SearchConfig(model="scripted:mutator", problems=PROBLEMS, budget=Limits(candidates=9), rescore_seeds=1)
     directory = SearchDir(tmp_path / "r")
     create(directory, config)

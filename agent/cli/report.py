@@ -1,4 +1,6 @@
-"""`pkb report RUN [RUN ...] [--format md|html|json] [--out PATH] [--k K]`: agent.report's numbers, laid out."""
+"""`pkb report RUN [RUN ...] [--format md|html|json|tex] [--out PATH] [--k K] [--baseline B] [--all-pairs] [--force]`:
+agent.report's numbers, laid out. A RUN may be a sweep's folder (`pkb sweep`): its cells, each model's pooled
+over seeds (agent.sweep.report)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,25 @@ from agent.rundir import write_text_atomic
 if TYPE_CHECKING:
     from agent.report.run_reader import Run
 
-SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
+SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json", ".tex": "tex"}
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="metrics and report of one or more runs (several runs: side by side)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (runs/<run_id>)")
-    p.add_argument("--format", choices=("md", "html", "json"), default=None,
-                   help="output format (default: from --out's suffix, else md)")
+    p.add_argument("--format", choices=("md", "html", "json", "tex"), default=None,
+                   help="output format (default: from --out's suffix, else md); tex: the compact comparison table "
+                        "as LaTeX")
     p.add_argument("--out", default=None, help="write here instead of stdout (md: figures go to <stem>_figures/)")
     p.add_argument("--k", type=int, default=None, help="k of pass@k and fast_p@k (default: samples per problem)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals and permutation tests")
+    p.add_argument("--baseline", default=None,
+                   help="the condition (or arm label) the others are compared with (default: zero-shot where "
+                        "present, else the first condition)")
+    p.add_argument("--all-pairs", action="store_true",
+                   help="compare every two arms that share the model or the condition (Holm-corrected)")
+    p.add_argument("--force", action="store_true",
+                   help="compare runs whose manifests differ in more than the compared factor (marked †)")
     p.set_defaults(handler=cmd_report)
 
 
@@ -35,13 +45,19 @@ def runs_inside(folder: Path, limit: int = 5) -> list[str]:
     return found[:limit] + (["..."] if len(found) > limit else [])
 
 
-def load_runs(paths: list[str]) -> list[Run]:
+def load_runs(paths: list[str], *, force: bool = False) -> list[Run]:
     from agent.report.run_reader import RunFormatError, read_run  # pydantic models: when the command runs
+    from agent.sweep import report as sweep_report  # a sweep's cells, pooled per model
 
     runs = []
     for path in paths:
         try:
-            runs.append(read_run(Path(path)))
+            if sweep_report.is_sweep(Path(path)):
+                runs.extend(sweep_report.pooled_runs(Path(path), force=force))
+            else:
+                runs.append(read_run(Path(path)))
+        except sweep_report.SweepReportError as err:
+            raise CliError(str(err)) from None
         except RunFormatError as err:
             inside = runs_inside(Path(path)) if Path(path).is_dir() else []
             hint = f"; it holds runs: {', '.join(inside)} (give one of those)" if inside else ""
@@ -71,16 +87,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     from agent.report.figures import write_figures
     from agent.report.html import to_html
     from agent.report.markdown import to_markdown
+    from agent.report.paper import to_latex
 
-    runs = load_runs(args.runs)
+    runs = load_runs(args.runs, force=args.force)
     try:
-        built = build(runs, k=args.k, seed=args.seed)
+        built = build(runs, k=args.k, seed=args.seed, baseline=args.baseline, all_pairs=args.all_pairs,
+                      force=args.force)
     except ReportError as err:
         raise CliError(str(err)) from None
     fmt = output_format(args.format, args.out)
     out = Path(args.out) if args.out else None
     if fmt == "json":
         text = to_json(built)
+    elif fmt == "tex":
+        text = to_latex(built)
     elif fmt == "html":
         text = to_html(built)
     else:
@@ -112,6 +132,8 @@ def cmd_search_report(args: argparse.Namespace) -> int:
     if not_search:
         raise CliError(f"{', '.join(not_search)}: not search runs; report search runs and sample runs separately")
     fmt = output_format(args.format, args.out)
+    if fmt == "tex":
+        raise CliError("--format tex is the comparison table of sample runs; a search's report is md, html or json")
     out = Path(args.out) if args.out else None
     try:
         texts = [search_report.render(Path(p), fmt, out) for p in args.runs]

@@ -91,7 +91,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    # What the arguments alone show is said before anything heavy is imported.
+    check_args(args)
+    # Deferred: the run needs the model stack and the harness (langchain, langgraph, torch).
+    from agent.cli import run_session
+
+    return run_session.execute(args)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """What the arguments alone show, said before anything heavy is imported (`pkb sweep` checks its cells so)."""
     if args.concurrency < 1:
         raise CliError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.model_retries < 1:
@@ -103,10 +111,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.resume and not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
     sandbox_gate.require(args, "pkb run")
-    # Deferred: the run needs the model stack and the harness (langchain, langgraph, torch).
-    from agent.cli import run_session
-
-    return run_session.execute(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,11 +8,12 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agent.cli import emulation
@@ -61,7 +62,7 @@ def _select_problems(config: RunConfig, selection: Sequence[str] | None, replay_
     return usable, [p.name for p in chosen if p not in usable], replay
 
 
-def _check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler | None:
+def check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler | None:
     """This node's scheduler; None for a Ray run, whose driver needs no devices (the cluster is checked when the
     executor is built)."""
     if config.world_size < 1:
@@ -80,7 +81,7 @@ def _check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler
         raise CliError(str(err)) from None
 
 
-def _check_model(config: RunConfig) -> PriceTable:
+def check_model(config: RunConfig) -> PriceTable:
     spec = parse_model_spec(config.model)
     try:
         prices = load_price_table(config.prices)
@@ -101,8 +102,30 @@ def _check_model(config: RunConfig) -> PriceTable:
     return prices
 
 
+@dataclass
+class Within:
+    """A run that is one part of something larger (a cell of `pkb sweep`): the progress bar its samples advance,
+    the tally beside it, and the command that continues the whole after an interrupt."""
+
+    progress: Progress
+    task: TaskID
+    tally: Tally
+    resume_hint: str
+
+
 def execute(args: argparse.Namespace) -> int:
     """`pkb run` once its options have passed agent.cli.run's checks."""
+    summary, run_dir, config = run(args)
+    _print_summary(summary, run_dir, config.ranks_per_gpu)
+    if summary.fatal:
+        raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
+                       "samples finished; --resume continues it)")
+    return 0 if summary.complete else 1
+
+
+def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSummary, RunDir, RunConfig]:
+    """Check, create or resume, and run the run that `pkb run`'s options describe; `within`: as part of a sweep,
+    whose progress bar it advances (and whose command an interrupt prints)."""
     if args.resume:
         run_dir = RunDir(Path(args.runs_dir) / args.run_id)
         try:
@@ -119,8 +142,8 @@ def execute(args: argparse.Namespace) -> int:
     replay_dir = Path(spec.name) if spec.provider == "replay" else None
     problems, skipped, replay = _select_problems(config, args.problems, replay_dir)
     config = config.model_copy(update={"problems": [p.name for p in problems]})
-    scheduler = _check_device(config, args.executor)
-    prices = _check_model(config)
+    scheduler = check_device(config, args.executor)
+    prices = check_model(config)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
     executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
     try:
@@ -129,7 +152,7 @@ def execute(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         if not args.resume:
             try:
-                create_run(run_dir, config, prices)
+                create_run(run_dir, config, prices, problems=problems, executor=executor.name)
             except RunError as err:
                 raise CliError(str(err)) from None
         if replay is not None and replay.matches:
@@ -139,14 +162,10 @@ def execute(args: argparse.Namespace) -> int:
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
-        summary = _run_with_progress(runner, len(runner.plan()))
+        summary = _run_with_progress(runner, len(runner.plan()), within)
     finally:
         executor.close()
-    _print_summary(summary, run_dir, config.ranks_per_gpu)
-    if summary.fatal:
-        raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
-                       "samples finished; --resume continues it)")
-    return 0 if summary.complete else 1
+    return summary, run_dir, config
 
 
 def _account_for_replay(replay: ReplaySet, run_dir: RunDir) -> None:
@@ -165,7 +184,7 @@ def _account_for_replay(replay: ReplaySet, run_dir: RunDir) -> None:
     print(f"pkb: how each file was matched: {run_dir.replay_matches}", file=sys.stderr)
 
 
-class _Tally:
+class Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = self.correct = self.fast = self.tokens = 0
@@ -212,25 +231,31 @@ def not_fast(records: Sequence[dict[str, Any]]) -> str | None:
     return f"{len(left)} of {len(correct)} correct sample(s) not fast: " + "; ".join(reasons)
 
 
-def _run_with_progress(runner: Runner, total: int) -> RunSummary:
-    tally = _Tally()
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
+PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+
+
+def _run_with_progress(runner: Runner, total: int, within: Within | None = None) -> RunSummary:
+    if within is not None:
+        return _run_in(runner, within)
+    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
         task = progress.add_task(runner.run_dir.path.name, total=total, stats="")
+        hint = f"pkb run --run-id {runner.run_dir.path.name} --resume --runs-dir {runner.run_dir.path.parent}"
+        return _run_in(runner, Within(progress, task, Tally(), hint))
 
-        def on_sample(record: dict[str, Any], skipped: bool) -> None:
-            progress.update(task, advance=1, stats=tally.add(record))
 
-        runner.on_sample = on_sample
-        try:
-            return runner.run()
-        except KeyboardInterrupt:
-            progress.stop()
-            err_console.print(plain(f"pkb: interrupted; finished samples are kept: pkb run --run-id "
-                                    f"{runner.run_dir.path.name} --resume --runs-dir {runner.run_dir.path.parent}"))
-            sys.stderr.flush()
-            os._exit(130)  # sample threads may sit in a model call for minutes; everything on disk is consistent
+def _run_in(runner: Runner, within: Within) -> RunSummary:
+    def on_sample(record: dict[str, Any], skipped: bool) -> None:
+        within.progress.update(within.task, advance=1, stats=within.tally.add(record))
+
+    runner.on_sample = on_sample
+    try:
+        return runner.run()
+    except KeyboardInterrupt:
+        within.progress.stop()
+        err_console.print(plain(f"pkb: interrupted; finished samples are kept: {within.resume_hint}"))
+        sys.stderr.flush()
+        os._exit(130)  # sample threads may sit in a model call for minutes; everything on disk is consistent
 
 
 def _cost_cell(records: list[dict[str, Any]]) -> str:

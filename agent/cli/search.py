@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 # (option, dest): every option that sets the search's config; refused with --resume.
 CONFIG_OPTIONS = (
     ("--model", "model"), ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
-    ("--world-size", "world_size"), ("--shape", "shape"), ("--seed", "seed"), ("--trials", "trials"),
+    ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"), ("--seed", "seed"),
+    ("--trials", "trials"), ("--proposer", "proposer"), ("--proposer-turns", "proposer_turns"),
     ("--no-timing", "no_timing"), ("--phase-timeout", "phase_timeout"), ("--fresh-reference", "fresh_reference"),
-    ("--timing-iters", "timing_iters"), ("--ranks-per-gpu", "ranks_per_gpu"),
+    ("--timing-iters", "timing_iters"),
     ("--strategy", "strategy"),
     ("--islands", "islands"), ("--migration-interval", "migration_interval"), ("--top-k", "top_k"),
     ("--explore", "explore"), ("--inspirations", "inspirations"), ("--window", "window"), ("--warmup", "warmup"),
@@ -80,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fresh-reference", action="store_true", default=None,
                       help="time the reference beside every candidate (a shared machine whose speed drifts)")
     how = p.add_argument_group("strategy")
+    how.add_argument("--proposer", help="how a candidate is proposed, named like a condition: zero-shot (one model "
+                                        "call, default) or agent:<tool>+<tool> (an agent episode that may compile "
+                                        "and check before an evaluation is spent)")
+    how.add_argument("--proposer-turns", type=int, help="model calls of an agent proposer's episode (default 4)")
     how.add_argument("--strategy", choices=STRATEGIES, help="independent (the control), best_first (default), "
                                                            "islands")
     how.add_argument("--islands", type=int, help="islands (default 3)")
@@ -151,17 +156,20 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
     device = args.device or "cpu"
     positive = {"--trials": args.trials, "--window": args.window, "--islands": args.islands,
                 "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds,
-                "--rescore-candidates": args.rescore_candidates}
+                "--rescore-candidates": args.rescore_candidates, "--proposer-turns": args.proposer_turns,
+                "--ranks-per-gpu": args.ranks_per_gpu}
     for option, value in positive.items():
         if value is not None and value < 1:
             raise CliError(f"{option} must be at least 1, got {value}")
     try:
         return SearchConfig(
             model=_model_text(args.model), problems=problems, source=args.source, device=device,
-            world_size=_pick(args.world_size, 2), shape=args.shape or ("default" if device == "cuda" else "small"),
+            world_size=_pick(args.world_size, 2), ranks_per_gpu=_pick(args.ranks_per_gpu, 1),
+            proposer=_pick(args.proposer, "zero-shot"), proposer_turns=_pick(args.proposer_turns, 4),
+            shape=args.shape or ("default" if device == "cuda" else "small"),
             seed=_pick(args.seed, 0), trials=_pick(args.trials, 5), skip_timing=bool(args.no_timing),
             phase_timeout_s=args.phase_timeout, fresh_reference=bool(args.fresh_reference),
-            timing_iters=args.timing_iters, ranks_per_gpu=_pick(args.ranks_per_gpu, 1),
+            timing_iters=args.timing_iters,
             strategy=StrategyConfig(**{k: v for k, v in {
                 "name": args.strategy, "islands": args.islands, "migration_interval": args.migration_interval,
                 "top_k": args.top_k, "explore": args.explore, "inspirations": args.inspirations}.items()
@@ -219,6 +227,8 @@ def _scheduler(device: str, world_size: int, executor: str, ranks_per_gpu: int =
 
     emulation.check(device, world_size, ranks_per_gpu)
     if executor != "local":
+        if ranks_per_gpu > 1:
+            raise CliError("--ranks-per-gpu runs on this machine's GPUs: leave --executor at local")
         return None
     if device == "cuda":
         import torch
@@ -267,8 +277,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         given = _given(args)
         if given:
             raise CliError(f"--resume continues search {args.run_id} as it was started; leave out {', '.join(given)}")
-        device, world_size, shape = stored.device, stored.world_size, stored.shape
-        ranks_per_gpu = stored.ranks_per_gpu
+        device, world_size, shape, ranks_per_gpu = stored.device, stored.world_size, stored.shape, stored.ranks_per_gpu
         problems, skipped = _problems(stored.source, stored.problems, world_size, shape)
     else:
         if not args.model:
@@ -302,7 +311,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(f"pkb: skipping problem(s) without world size {world_size}: {', '.join(skipped)}", file=sys.stderr)
         if stored is None:
             try:
-                create(directory, config)
+                create(directory, config, problems=problems, executor=executor.name)
             except SearchError as err:
                 raise CliError(str(err)) from None
         if isinstance(executor, RayExecutor):

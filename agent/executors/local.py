@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +56,13 @@ class LocalExecutor:
                     built = compile_candidate(path, config.limits.compile_s, request.device,
                                                problem=problem.loader_spec).ok
                 with self._devices() if built else nullcontext(None) as gpus:
+                    held = time.perf_counter()
                     result = harness_evaluate(problem, path, world_size=request.world_size, device=request.device,
                                               shape=request.shape, config=config, log_dir=log_dir, gpus=gpus)
+                    held = time.perf_counter() - held
+            # How long the devices were held, for agent.executors.request.device_seconds (the stages overlap).
+            result = result.model_copy(update={"environment": {
+                **result.environment, "executor": {"name": self.name, "held_s": round(held, 6)}}})
             return with_candidate_name(result, path, request.candidate_name)
         except Exception as exc:  # the harness's own failure: reported, not raised into the agent loop
             return infra_result(request, f"the harness failed: {type(exc).__name__}: {exc}",

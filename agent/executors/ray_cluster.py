@@ -8,6 +8,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -143,10 +144,13 @@ def evaluate_on_node(payload: dict[str, Any]) -> dict[str, Any]:
             path = folder / (Path(request.candidate_name).name or "candidate.py")
             path.write_bytes(request.source_bytes)
             logs = folder / "logs"
+            held = time.perf_counter()
             result = harness_evaluate(problem, path, world_size=request.world_size, device=request.device,
                                       shape=request.shape, config=request.eval_config(), log_dir=logs, gpus=gpus)
+            held = time.perf_counter() - held  # the task holds its GPUs this long (the stages overlap)
             result = with_candidate_name(result, path, request.candidate_name)
-            result = result.model_copy(update={"environment": {**result.environment, "executor": here}})
+            result = result.model_copy(update={"environment": {**result.environment,
+                                                               "executor": {**here, "held_s": round(held, 6)}}})
             texts: dict[str, str] = {}
             budget = MAX_LOG_BYTES
             for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:

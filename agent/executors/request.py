@@ -144,8 +144,27 @@ def infra_result(request: EvalRequest, message: str, *, evidence: str = "", phas
     )
 
 
+# Stages of harness.evaluate that run inside others: `launch` (the candidate's ranks starting) while the reference
+# is prepared (what the reference left of it is `launch_wait`), `build_in_call` inside `check`.
+OVERLAPPING_STAGES = frozenset({"launch", "build_in_call"})
+
+
+def gpus_held(result: EvalResult) -> int:
+    """The GPUs an evaluation held (ranks sharing a GPU count it once; on CPU: one per rank process)."""
+    return layout.gpus_needed(result.world_size, int(result.config.get("ranks_per_gpu") or 1))
+
+
+def held_seconds(result: EvalResult) -> float:
+    """Seconds the evaluation held its devices: what its executor measured (environment.executor.held_s: the
+    lease, the Ray task), else the sum of the harness's stages that do not run inside one another."""
+    executor = result.environment.get("executor")
+    held = executor.get("held_s") if isinstance(executor, dict) else None
+    if isinstance(held, (int, float)) and not isinstance(held, bool):
+        return float(held)
+    return sum(v for k, v in result.stages.items() if k not in OVERLAPPING_STAGES)
+
+
 def device_seconds(result: EvalResult) -> float:
     """Seconds the evaluation held its devices, times the GPUs held (the figure a DeviceScheduler lease gives:
     compile included, queueing excluded; ranks sharing a GPU count it once), whichever executor ran it."""
-    held = layout.gpus_needed(result.world_size, int(result.config.get("ranks_per_gpu") or 1))
-    return held * sum(result.stages.values())
+    return gpus_held(result) * held_seconds(result)

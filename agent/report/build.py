@@ -3,8 +3,9 @@
 
 An *arm* is one condition of one run. The report shows every arm side by side (headline table, fast_p
 curve, speedup and roofline distributions, failure classes, categories, per-problem rows) and compares
-each arm with the baseline arm (zero-shot where there is one, else the first) per problem, with paired
-bootstrap intervals.
+arms in pairs (agent.report.compare: any condition may be the baseline) per problem, with paired bootstrap
+intervals, permutation tests and Holm's correction. Two runs are compared only where their manifests
+(agent.manifest) agree on everything but the compared factor, unless forced, and then the comparison is marked.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import manifest
 from agent.conditions import REPLAY, ZERO_SHOT
-from agent.report import metrics
+from agent.report import compare, metrics
 from agent.report.run_reader import Run, Sample
 from harness.flags import is_emulated
 
@@ -118,6 +120,7 @@ def arm_usage(arm: Arm) -> dict[str, Any]:
 
 def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
     scores, excluded = metrics.eligible(arm.scores, k)
+    usage = arm_usage(arm)
     stat = headline_metrics(k)
     finished = metrics.finished(arm.records)
     speedups = [v for s in scores for v in s.speedups]
@@ -144,7 +147,8 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
         "roofline_fractions": [v for s in scores for v in s.roofline_fractions],
         "failures": metrics.failure_counts(arm.records),
         "device": arm.run.config.get("device"),
-        "usage": arm_usage(arm),
+        "usage": usage,
+        "per_solved": compare.per_solved(usage, scores),
         "per_category": {cat: {"pass_at_k": iv.as_dict(), "fast_1_at_k": fast_by_cat[cat].as_dict()}
                          for cat, iv in pass_by_cat.items()},
         "fast_p_curve": [[p, v] for p, v in metrics.fast_p_curve(scores, k)],
@@ -159,31 +163,47 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
     }
 
 
-def _baseline(arms: Sequence[Arm]) -> Arm:
-    for arm in arms:
-        if arm.run is arms[0].run and arm.condition == BASELINE_CONDITION:
-            return arm
-    return arms[0]
+def arm_key(arm: Arm) -> compare.ArmKey:
+    """What agent.report.compare pairs arms by: condition, run, and the model with its settings."""
+    view = manifest.comparable(arm.run.header())
+    model = json.dumps({k: v for k, v in view.items() if k.startswith(manifest.MODEL_PREFIX)}, sort_keys=True)
+    return compare.ArmKey(arm.label, arm.condition, arm.run.path, model)
 
 
-def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int) -> tuple[str | None, list[dict]]:
-    if len(arms) < 2:
+def confounders(base: Arm, treatment: Arm, factor: str) -> list[str]:
+    """Manifest keys (agent.manifest.comparable) in which the two arms' runs differ besides the compared factor."""
+    if base.run is treatment.run:
+        return []
+    keys = manifest.differing_keys(manifest.comparable(base.run.header()), manifest.comparable(treatment.run.header()))
+    return [k for k in keys if not (factor == "model" and k.startswith(manifest.MODEL_PREFIX))]
+
+
+def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int, *, baseline: str | None,
+                 all_pairs: bool, force: bool) -> tuple[str | None, list[dict]]:
+    keys = [arm_key(a) for a in arms]
+    try:
+        chosen = compare.pairs(keys, baseline, all_pairs=all_pairs, default_condition=BASELINE_CONDITION)
+    except compare.PairingError as err:
+        raise ReportError(str(err)) from None
+    if not chosen:
         return None, []
-    base = _baseline(arms)
-    base_scores, _ = metrics.eligible(base.scores, k)
     stat = headline_metrics(k)
     out = []
-    for arm in arms:
-        if arm is base:
-            continue
+    for b, t in chosen:
+        base, arm = arms[b], arms[t]
+        factor = compare.compared_factor(keys[b], keys[t])
+        differ = confounders(base, arm, factor)
+        if differ and not force:
+            shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+            raise ReportError(f"{arm.label} vs {base.label}: the runs' manifests differ in {shown} besides the "
+                              f"compared {factor}; add --force to compare them anyway (the comparison is marked)")
+        base_scores, _ = metrics.eligible(base.scores, k)
         scores, _ = metrics.eligible(arm.scores, k)
-        out.append({
-            "baseline": base.label, "treatment": arm.label,
-            "metrics": {key: metrics.paired_difference(base_scores, scores, fn, seed=seed,
-                                                       resamples=resamples).as_dict()
-                        for key, fn in stat.items()},
-        })
-    return base.label, out
+        out.append({"baseline": base.label, "treatment": arm.label, "factor": factor, "confounded": differ,
+                    "metrics": compare.compare(base_scores, scores, stat, seed=seed, resamples=resamples)})
+    compare.apply_holm(out)
+    reference = next((arms[b].label for b, _ in chosen), None)
+    return reference, out
 
 
 SETTINGS_COMPARED = (("device", "device"), ("world_size", "world size"), ("ranks_per_gpu", "ranks per GPU"),
@@ -236,8 +256,11 @@ def check_runs(runs: Sequence[Run]) -> None:
 
 
 def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
-          resamples: int = metrics.DEFAULT_RESAMPLES) -> Report:
-    """Compute every metric of the report. k defaults to the runs' samples per problem."""
+          resamples: int = metrics.DEFAULT_RESAMPLES, baseline: str | None = None, all_pairs: bool = False,
+          force: bool = False) -> Report:
+    """Compute every metric of the report. k defaults to the runs' samples per problem. `baseline`, `all_pairs`:
+    which arms are compared (agent.report.compare.pairs); a comparison of runs whose manifests differ in more
+    than the compared factor is refused (ReportError), or with `force` marked."""
     check_runs(runs)
     if k is None:
         k = default_k(runs)
@@ -249,7 +272,8 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
             raise ReportError(f"k={k} exceeds the {n} samples per problem of run {run.run_id} "
                               f"(pass@k needs n >= k)")
     arms = make_arms(runs)
-    baseline, comparisons = _comparisons(arms, k, seed, resamples)
+    reference, comparisons = _comparisons(arms, k, seed, resamples, baseline=baseline, all_pairs=all_pairs,
+                                          force=force)
     data: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "k": k,
@@ -265,9 +289,14 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
                   "problems": sorted({s.record.problem for s in r.samples}),
                   "versions": r.versions} for r in runs],
         "arms": [_arm_metrics(a, k, seed, resamples) for a in arms],
-        "baseline": baseline,
+        "baseline": reference,
         "comparisons": comparisons,
+        "permutations": compare.PERMUTATIONS,
     }
+    marked = [c for c in comparisons if c["confounded"]]
+    for c in marked:
+        data["notes"].append(f"{c['treatment']} vs {c['baseline']} (marked †) compares runs whose manifests also "
+                             f"differ in {', '.join(c['confounded'])}: not a clean comparison of the {c['factor']}")
     for arm in data["arms"]:
         uncounted = arm["speedups_not_counted"]
         if uncounted["samples"]:

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter
 
 from agent.report.build import Report
+from agent.report.matrix_figure import matrix_figure
 
 
 def _png(fig: MplFigure) -> bytes:
@@ -109,6 +110,11 @@ def failure_figure(report: Report) -> bytes | None:
     return _png(fig)
 
 
+def matrix_png(report: Report) -> bytes | None:
+    fig = matrix_figure(report)
+    return None if fig is None else _png(fig)
+
+
 @dataclass(frozen=True)
 class Figure:
     alt: str  # the image's alt text
@@ -123,6 +129,7 @@ FIGURES: dict[str, Figure] = {  # by file stem
     "roofline": Figure("roofline-fraction distribution", roofline_figure,
                        "No correct sample has a roofline fraction: no distribution to plot."),
     "failures": Figure("failure-class breakdown", failure_figure, "No finished sample: no verdicts to plot."),
+    "matrix": Figure("condition matrix", matrix_png, "One arm only: no matrix of runs and conditions to plot."),
 }
 
 

@@ -13,9 +13,9 @@ from typing import Any
 from agent.report import metrics
 from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
+from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
     category_rows,
-    comparison_rows,
     curve_rows,
     distribution_rows,
     failure_rows,
@@ -183,10 +183,11 @@ def to_html(report: Report) -> str:
         "".join(f'<p class="note">Note: {esc(note)}.</p>' for note in d["notes"]), "</section>",
     ]
     if d["comparisons"]:
-        parts += ['<section id="comparison"><h2>Comparison</h2>',
-                  f'<p class="note">Per-problem differences (treatment − baseline) over the problems both have, '
-                  f'with a paired bootstrap {d["level"]:.0%} interval.</p>',
+        parts += ['<section id="comparison"><h2>Comparison</h2>', f'<p class="note">{esc(method_note(report))}</p>',
                   html_table(*comparison_rows(report), "comparison-table"), "</section>"]
+    parts += ['<section id="compact"><h2>Compact table</h2>', _img("matrix", pngs["matrix"]),
+              html_table(*arm_table(report), "arm-table"),
+              html_table(*pair_table(report), "pair-table") if d["comparisons"] else "", "</section>"]
     parts += [f'<section id="fast-p"><h2>fast_p curve (k = {k})</h2>', _img("fast_p", pngs["fast_p"]),
               html_table(*curve_rows(report), "fast-p-table"), "</section>",
               '<section id="distributions"><h2>Speedup and roofline-fraction distributions (correct samples)</h2>',

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from agent.report.build import Report
 from agent.report.figures import FIGURES
+from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
     category_rows,
-    comparison_rows,
     curve_rows,
     distribution_rows,
     failure_rows,
@@ -53,9 +53,12 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
     for label, names in excluded:
         out.append(f"\n{label}: left out (fewer than {k} finished samples): {', '.join(names)}")
     if d["comparisons"]:
-        out += ["", "## Comparison", "",
-                f"Per-problem differences (treatment − baseline) over the problems both have, with a paired "
-                f"bootstrap {d['level']:.0%} interval.", "", md_table(*comparison_rows(report))]
+        out += ["", "## Comparison", "", method_note(report), "", md_table(*comparison_rows(report))]
+    out += ["", "## Compact table (for a paper; `--format tex` for LaTeX)", ""]
+    out += _figure("matrix", figures)
+    out += [md_table(*arm_table(report))]
+    if d["comparisons"]:
+        out += ["", md_table(*pair_table(report))]
     out += ["", f"## fast_p curve (k = {k})", ""]
     out += _figure("fast_p", figures)
     out += [md_table(*curve_rows(report))]

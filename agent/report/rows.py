@@ -23,12 +23,6 @@ def fmt_interval(iv: dict[str, Any]) -> str:
     return f"{iv['mean']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
 
 
-def fmt_delta(d: dict[str, Any]) -> str:
-    if d["n"] == 0 or math.isnan(d["mean"]):
-        return "— (no shared problem)"
-    return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
-
-
 def fmt_speedup(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
@@ -90,20 +84,6 @@ def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
                     + [fmt_interval(a[key]) for key, _ in HEADLINE_METRICS]
                     + [fmt_speedup(a["geomean_speedup"]), fmt_cost(u["cost_usd"]), fmt_usage_tokens(u),
                        fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
-    return head, rows
-
-
-def comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    k = report.k
-    head = ["treatment vs baseline", "problems"] + [f"Δ {t.format(k=k)}" for _, t in HEADLINE_METRICS] + [
-        f"wins/losses/ties (pass@{k})"]
-    rows = []
-    for c in report.data["comparisons"]:
-        m = c["metrics"]
-        pk = m["pass_at_k"]
-        rows.append([f"{c['treatment']} vs {c['baseline']}", str(pk["n"])]
-                    + [fmt_delta(m[key]) for key, _ in HEADLINE_METRICS]
-                    + [f"{pk['wins']}/{pk['losses']}/{pk['ties']}"])
     return head, rows
 
 

@@ -123,6 +123,7 @@ class Run(BaseModel):
     prompt_hashes: dict[str, Any] = Field(default_factory=dict)
     topology: dict[str, Any] | None = None
     environment: dict[str, Any] = Field(default_factory=dict)
+    manifest: dict[str, Any] = Field(default_factory=dict)  # agent.manifest (empty: a run from before manifests)
     samples: list[Sample] = Field(default_factory=list)
 
     @property
@@ -139,6 +140,11 @@ class Run(BaseModel):
 
     def records(self) -> list[dict[str, Any]]:
         return [s.record.metrics_view() for s in self.samples]
+
+    def header(self) -> dict[str, Any]:
+        """The parts of run.json a comparison reads (agent.manifest.comparable)."""
+        return {"config": self.config, "manifest": self.manifest, "prompt_hashes": self.prompt_hashes,
+                "versions": self.versions}
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -238,6 +244,7 @@ def read_run(path: str | Path, *, transcripts: bool = True) -> Run:
             created_at=str(header.get("created_at") or ""), config=config,
             versions=header.get("versions") or {}, prompt_hashes=header.get("prompt_hashes") or {},
             topology=header.get("topology"), environment=header.get("environment") or {},
+            manifest=header.get("manifest") or {},
         )
     except ValidationError as err:
         raise RunFormatError(f"{root / 'run.json'}: {_one_line(err)}") from None

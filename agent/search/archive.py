@@ -9,7 +9,8 @@ A candidate is a row of `candidates`, keyed by its slot `id` (0, 1, 2, ... over 
 written in three steps, each recorded as it happens:
 
     decided    the loop chose its problem, strategy, island and parent(s)
-    proposed   the model answered (source, or none; tokens, dollars, the model's seconds)
+    proposed   the model answered (source, or none; tokens, dollars, the model's seconds; with an agent
+               proposer its tool calls and their device seconds)
     evaluated  the harness scored it (verdict, failure evidence, speedup, roofline fraction and binding
                resource, flags, trusted, GPU seconds, stage seconds, the whole EvalResult)
 
@@ -90,6 +91,8 @@ CREATE TABLE IF NOT EXISTS candidates (
     result TEXT,
     evaluated_at TEXT,
     elapsed_s REAL,
+    proposer_gpu_s REAL,
+    tool_calls TEXT,
     UNIQUE (problem, seq)
 );
 CREATE TABLE IF NOT EXISTS stops (
@@ -140,7 +143,9 @@ CREATE TABLE IF NOT EXISTS sessions (
 
 # Columns that depend on the clock or the machine's speed, left out of canonical().
 _CLOCK_COLUMNS = frozenset({"decided_at", "proposed_at", "evaluated_at", "model_s", "stages", "eval_s", "elapsed_s",
-                            "result", "path", "gpu_s", "at"})
+                            "result", "path", "gpu_s", "proposer_gpu_s", "at"})
+# Columns added after the first archives were written: an older archive gets them (NULL) when it is opened.
+_ADDED_COLUMNS = (("candidates", "proposer_gpu_s", "REAL"), ("candidates", "tool_calls", "TEXT"))
 
 
 def now() -> str:
@@ -170,7 +175,9 @@ class Candidate:
     output_tokens: int = 0
     cost_usd: float = 0.0
     cost_known: bool = True
-    gpu_s: float = 0.0
+    gpu_s: float = 0.0  # the evaluation's device seconds
+    proposer_gpu_s: float = 0.0  # an agent proposer's tools' device seconds (agent.search.episode)
+    tool_calls: dict[str, int] = field(default_factory=dict)  # the proposer's tool calls by tool
     candidate_ms: float | None = None
     reference_ms: float | None = None
     failure_message: str | None = None
@@ -184,6 +191,11 @@ class Candidate:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def device_s(self) -> float:
+        """Every device second the candidate cost: its proposer's tools and its evaluation."""
+        return self.gpu_s + self.proposer_gpu_s
 
 
 @dataclass
@@ -233,6 +245,9 @@ class Archive:
         # steps (never corrupts the file), which a resume then redoes. FULL would fsync every step.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_TABLES)
+        for table, column, kind in _ADDED_COLUMNS:
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema', ?)", (SCHEMA,))
         found = self.meta("schema")
@@ -286,15 +301,17 @@ class Archive:
 
     def propose(self, slot: int, *, model: str, input_tokens: int, output_tokens: int, cost_usd: float,
                 cost_known: bool, model_s: float, note: str, source: str | None, sha256: str | None,
-                path: str | None, outcome: dict[str, Any] | None = None) -> None:
-        """Record the model's answer. A reply without code has nothing to evaluate: `outcome` then records its
-        verdict in the same transaction."""
+                path: str | None, outcome: dict[str, Any] | None = None, proposer_gpu_s: float = 0.0,
+                tool_calls: dict[str, int] | None = None) -> None:
+        """Record the model's answer (with an agent proposer, its tools' device seconds and calls). A reply
+        without code has nothing to evaluate: `outcome` then records its verdict in the same transaction."""
         with self._tx() as db:
             db.execute("UPDATE candidates SET status = ?, model = ?, input_tokens = ?, output_tokens = ?, "
                        "cost_usd = ?, cost_known = ?, model_s = ?, note = ?, source = ?, sha256 = ?, path = ?, "
-                       "proposed_at = ? WHERE id = ? AND status = ?",
+                       "proposer_gpu_s = ?, tool_calls = ?, proposed_at = ? WHERE id = ? AND status = ?",
                        (PROPOSED, model, input_tokens, output_tokens, cost_usd, int(cost_known), model_s, note,
-                        source, sha256, path, now(), slot, DECIDED))
+                        source, sha256, path, proposer_gpu_s, json.dumps(tool_calls or {}, sort_keys=True), now(),
+                        slot, DECIDED))
             if outcome is not None:
                 self._evaluated(db, slot, outcome)
 
@@ -446,6 +463,7 @@ def _candidate(r: sqlite3.Row) -> Candidate:
         flags=json.loads(r["flags"]) if r["flags"] else [], trusted=bool(r["trusted"]), source=r["source"],
         input_tokens=r["input_tokens"] or 0, output_tokens=r["output_tokens"] or 0, cost_usd=r["cost_usd"] or 0.0,
         cost_known=r["cost_known"] is None or bool(r["cost_known"]), gpu_s=r["gpu_s"] or 0.0,
+        proposer_gpu_s=r["proposer_gpu_s"] or 0.0, tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else {},
         candidate_ms=r["candidate_ms"], reference_ms=r["reference_ms"], failure_message=r["failure_message"],
         elapsed_s=r["elapsed_s"], selection=json.loads(r["selection"]) if r["selection"] else {},
     )

@@ -40,7 +40,7 @@ class Spent:
 
 def spent(decided: Sequence[Candidate], known: Sequence[Candidate], wall_s: float) -> Spent:
     """`decided`: every candidate decided so far; `known`: those whose costs the decision may read."""
-    return Spent(candidates=len(decided), gpu_s=sum(c.gpu_s for c in known), cost_usd=sum(c.cost_usd for c in known),
+    return Spent(candidates=len(decided), gpu_s=sum(c.device_s for c in known), cost_usd=sum(c.cost_usd for c in known),
                  tokens=sum(c.tokens for c in known), wall_s=wall_s,
                  cost_known=all(c.cost_known for c in known))
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agent.conditions import REPLAY, Condition, parse_condition
 from harness.config import EvalConfig, TimingConfig
 from harness.config import Limits as PhaseLimits
 from harness.emulation import layout
@@ -33,7 +34,8 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     candidates: int | None = Field(None, ge=1, description="candidates decided (model calls made or to make)")
-    gpu_hours: float | None = Field(None, gt=0, description="device time held by evaluations, times ranks")
+    gpu_hours: float | None = Field(None, gt=0, description="device time held by evaluations and by an agent "
+                                                            "proposer's tools, times the GPUs held")
     cost_usd: float | None = Field(None, gt=0, description="model dollars (needs the model's price)")
     tokens: int | None = Field(None, ge=1, description="model input plus output tokens")
     wall_hours: float | None = Field(None, gt=0, description="search: hours running (not counting time killed); "
@@ -82,6 +84,11 @@ class SearchConfig(BaseModel):
                                                     "(docs/emulation.md): kernels checked for real, timings not "
                                                     "speedups")
     shape: str = "small"
+    # How a candidate is proposed, named like a condition (agent.conditions): zero-shot (one model call), or
+    # agent:<tools>, an episode of the agent loop with those tools and at most proposer_turns model calls, whose
+    # tools' device time is the search's too (agent.search.episode).
+    proposer: str = "zero-shot"
+    proposer_turns: int = Field(4, ge=1, description="model calls of an agent proposer's episode")
     seed: int = 0
     trials: int = Field(5, ge=2)
     skip_timing: bool = False
@@ -108,6 +115,23 @@ class SearchConfig(BaseModel):
     max_reply_tokens: int | None = None
     model_attempts: int = Field(5, ge=1)
     guide_in_prompt: bool = True
+
+    @field_validator("proposer")
+    @classmethod
+    def _proposer(cls, value: str) -> str:
+        condition = parse_condition(value)  # ConditionError is a ValueError: pydantic reports it
+        if condition.kind == REPLAY:
+            raise ValueError("a proposer writes code: zero-shot or agent:<tools>, not replay")
+        return condition.name
+
+    @property
+    def proposer_condition(self) -> Condition:
+        return parse_condition(self.proposer)
+
+    @property
+    def gpus_per_evaluation(self) -> int:
+        """The devices one evaluation holds (ranks sharing a GPU count it once; on CPU one per rank)."""
+        return layout.gpus_needed(self.world_size, self.ranks_per_gpu)
 
     @model_validator(mode="after")
     def _needs_a_bound(self) -> SearchConfig:

@@ -1,12 +1,13 @@
 """The folder of one search (docs/search.md), and its header file.
 
     runs/<run_id>/
-      search.json                   what was asked: config, versions, prompt hashes, environment
+      search.json                   what was asked: config, versions, prompt hashes, environment, manifest
       archive.sqlite                every candidate, decision, stop and rescore (agent.search.archive)
       events.jsonl                  structlog JSON event log
       live.html                     the live view: refreshes itself, readable while the search runs
       candidates/<problem>/<slot>.py   every candidate file the model wrote (also kept in the archive)
       logs/<slot>/                  rank logs of each evaluation, with --keep-logs
+      episodes/<slot>/              an agent proposer's episode: its candidates, their tool results, transcript.json
 
 search.json is written once, atomically, when the search is created; the archive is the only thing a
 running search changes (besides the event log, the live page and the candidate files, which it can
@@ -15,15 +16,18 @@ always write again from the archive).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import prompts
+from agent import manifest
 from agent.rundir import read_json, write_json_atomic
 from agent.search.config import SEARCH_SCHEMA, SearchConfig
 from agent.versions import versions
 from harness.environment import environment
+from harness.problem import Problem
 
 
 class SearchError(ValueError):
@@ -56,6 +60,11 @@ class SearchDir:
     def logs(self, slot: int) -> Path:
         return self.path / "logs" / f"{slot:05d}"
 
+    @property
+    def episodes(self) -> Path:
+        """An agent proposer's episodes (agent.search.episode): episodes/<slot>/."""
+        return self.path / "episodes"
+
     def relative(self, path: Path) -> str:
         return path.relative_to(self.path).as_posix()
 
@@ -64,17 +73,25 @@ def is_search_dir(path: Path) -> bool:
     return (path / "search.json").is_file()
 
 
-def header(run_id: str, config: SearchConfig) -> dict[str, Any]:
-    return {"schema": SEARCH_SCHEMA, "run_id": run_id, "config": config.header_config(), "versions": versions(),
-            "prompt_hashes": prompts.hashes(), "environment": environment()}
+def header(run_id: str, config: SearchConfig, *, problems: Sequence[Problem] = (),
+           executor: str | None = None) -> dict[str, Any]:
+    dumped = config.header_config()
+    hashes = prompts.hashes()
+    env = environment()
+    return {"schema": SEARCH_SCHEMA, "run_id": run_id, "config": dumped, "versions": versions(),
+            "prompt_hashes": hashes, "environment": env,
+            "manifest": manifest.build(dumped, problem_hashes=manifest.problem_hashes(problems), prompt_hashes=hashes,
+                                       environment=env, executor=executor)}
 
 
-def create(directory: SearchDir, config: SearchConfig) -> dict[str, Any]:
+def create(directory: SearchDir, config: SearchConfig, *, problems: Sequence[Problem] = (),
+           executor: str | None = None) -> dict[str, Any]:
+    """search.json for a new search; `problems` and `executor` go into its manifest (agent.manifest)."""
     if directory.header.exists():
         raise SearchError(f"search {directory.path} already exists; add --resume to continue it, or pick another "
                           "--run-id")
     directory.path.mkdir(parents=True, exist_ok=True)
-    data = header(directory.path.name, config)
+    data = header(directory.path.name, config, problems=problems, executor=executor)
     write_json_atomic(directory.header, data)
     return data
 

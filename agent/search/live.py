@@ -136,7 +136,7 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
     lines = timeline(archive)
     speed = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["speedup"]) for pt in pts] for p, pts in lines.items()}
     frac = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["fraction"]) for pt in pts] for p, pts in lines.items()}
-    stats = throughput(archive, config.world_size)
+    stats = throughput(archive, config.gpus_per_evaluation)
     refresh = "" if final else f'<meta http-equiv="refresh" content="{REFRESH_S}">'
     body = ["<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS) + "</tr>"]
     body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(r)) + "</tr>" for r in rows]
@@ -147,7 +147,8 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
         "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f4f4f4}</style></head><body>",
         f"<h1>search {html.escape(directory.path.name)}</h1>",
-        f"<p>{html.escape(config.strategy.name)} search with {html.escape(config.model)} on {config.device}, "
+        f"<p>{html.escape(config.strategy.name)} search with {html.escape(config.model)} (proposer "
+        f"{html.escape(config.proposer)}) on {config.device}, "
         f"W={config.world_size}, shape {html.escape(config.shape)}. "
         f"{'Finished' if final else 'Running'}: {stats['candidates']} candidates in "
         f"{stats['wall_s'] / 3600:.2f} h; devices busy {_pct(busy)}; updated "

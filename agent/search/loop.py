@@ -39,7 +39,7 @@ from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
 from agent.rundir import write_text_atomic
 from agent.scheduler import DeviceScheduler
-from agent.search import budget, stopping, strategies
+from agent.search import budget, episode, stopping, strategies
 from agent.search.archive import DECIDED, EVALUATED, PROPOSED, Archive, Candidate, Rescore
 from agent.search.config import SearchConfig
 from agent.search.layout import SearchDir
@@ -111,6 +111,12 @@ class Search:
         self.log: Any = None
         # Built now: a real provider's client is made here, so a bad key or model fails before any work.
         self.proposer = Proposer(config, self.problems, prices=prices, topology=topology, model_factory=model_factory)
+        # An agent proposer's tools take this node's leases (the evaluations' scheduler) or go to the executor.
+        local = isinstance(executor, LocalExecutor)
+        self.proposer.where = episode.Where(
+            scheduler=getattr(executor, "scheduler", None) if local else None, executor=None if local else executor,
+            world_size=config.world_size, device=config.device, shape=config.shape, topology=topology)
+        self.proposer.episodes = directory.episodes
         self._abort: str | None = None
         self._errors: list[str] = []
         self._lock = threading.Lock()
@@ -325,7 +331,7 @@ class Search:
             parents = [p for p in (archive.candidate(i) for i in c.parents) if p is not None]
             visible = archive.candidates(c.problem, upto=slot - self.window + 1)
             messages = proposer.messages(c.problem, parents, visible, self.bound(c.problem))
-            proposal = self._propose(slot, messages, log)
+            proposal = self._propose(slot, messages, c.problem, log)
             self._record_proposal(slot, c, proposal)
             log.info("proposed", has_code=proposal.source is not None, input_tokens=proposal.input_tokens,
                      output_tokens=proposal.output_tokens, model_s=round(proposal.model_s, 3))
@@ -336,13 +342,13 @@ class Search:
             self._evaluate(slot, c, log)
             self._changed()
 
-    def _propose(self, slot: int, messages: list[Any], log: Any) -> Proposal:
+    def _propose(self, slot: int, messages: list[Any], problem: str, log: Any) -> Proposal:
         """The model's answer; a provider that is down is waited for, up to outage_wait_s in all."""
         waited = 0.0
         pauses = list(OUTAGE_PAUSES_S)
         while True:
             try:
-                return self.proposer.propose(slot, messages)
+                return self.proposer.propose(slot, messages, problem)
             except TransientModelError as err:
                 pause = pauses.pop(0) if len(pauses) > 1 else pauses[0]
                 if waited + pause > self.outage_wait_s or self._abort is not None:
@@ -365,7 +371,9 @@ class Search:
         self.archive.propose(slot, model=self.config.model, input_tokens=proposal.input_tokens,
                              output_tokens=proposal.output_tokens, cost_usd=proposal.cost_usd,
                              cost_known=proposal.cost_known, model_s=proposal.model_s, note=proposal.note,
-                             source=proposal.source, sha256=proposal.sha256, path=path, outcome=outcome)
+                             source=proposal.source, sha256=proposal.sha256, path=path, outcome=outcome,
+                             proposer_gpu_s=round(proposal.device_s, 6), tool_calls=proposal.tool_calls)
+        self._heartbeat()  # the proposer's device time is charged: the wall clock must cover it
 
     def _evaluate(self, slot: int, c: Candidate, log: Any) -> None:
         assert self.archive is not None and c.source is not None

@@ -19,11 +19,17 @@ The library is the expert solutions (problems/*/solutions/<problem>__*.py) on CU
 random.Random seeded by `seed` alone, so one model object answers one prompt the same way every time: the
 search builds one per candidate with a seed derived from the run's seed and the candidate's index, which
 makes a search with this model reproducible (and a killed one resumable to the same archive).
+
+As an agent proposer (a search with `--proposer agent:check+...`, agent.search.episode) it checks each draft
+with `check` (else `compile`) before answering: a draft that passes is its answer; one that fails is
+replaced by a fresh draft (drawn from the seed and the number of failed checks), until the episode's turns
+run out. So its injected failures are caught by the tools instead of costing an evaluation.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import random
 import re
 from collections.abc import Mapping
@@ -33,9 +39,11 @@ from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
 import prompts
@@ -329,6 +337,10 @@ class MutatorChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "pkb-mutator"
 
+    def bind_tools(self, tools: Any, *, tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
+        """As an agent proposer (agent.search.episode): the tools are offered with every call."""
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         text = "\n".join(m.content if isinstance(m.content, str) else str(m.content) for m in messages)
@@ -336,11 +348,42 @@ class MutatorChatModel(BaseChatModel):
         parent_part, inspiration_part = section(text, "Parent"), section(text, "Inspiration")
         parent = prompts.extract_code(parent_part) if parent_part else None
         inspiration = prompts.extract_code(inspiration_part) if inspiration_part else None
-        rng = random.Random(self.seed)
-        source, notes = propose(found.group(1) if found else None, parent, inspiration, device=self.device,
-                                rates=self.rates, rng=rng)
+        tools = [t["function"]["name"] for t in kwargs.get("tools") or []]
+        tool = next((t for t in CHECKING_TOOLS if t in tools), None)
+        tried = [m for m in messages if isinstance(m, ToolMessage)]
+        if tool is not None and tried and passed(str(tried[-1].content)):
+            # As an agent: the last draft passed its check; answer with it (its submission).
+            ai = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls]
+            source: str | None = str(ai[-1].tool_calls[0]["args"].get("source") or "")
+            notes = ["passed its check"]
+            content = reply_text(source, notes)
+            reply = AIMessage(content=content)
+        else:
+            # Each attempt of an agent draws afresh (the seed and how many drafts failed their check).
+            rng = random.Random(self.seed if not tried else derive(self.seed, len(tried)))
+            source, notes = propose(found.group(1) if found else None, parent, inspiration, device=self.device,
+                                    rates=self.rates, rng=rng)
+            content = reply_text(source, notes)
+            reply = AIMessage(content=content)
+            if tool is not None and source is not None:
+                said = "; ".join(n for n in notes if not n.startswith("injected:")) or "a draft"
+                content = f"Checking this draft first ({said})."
+                reply = AIMessage(content=content, tool_calls=[{"name": tool, "args": {"source": source},
+                                                                "id": f"call_{len(tried)}", "type": "tool_call"}])
         self.last_notes = notes
-        content = reply_text(source, notes)
-        usage = UsageMetadata(input_tokens=len(text) // 4, output_tokens=len(content) // 4,
-                              total_tokens=len(text) // 4 + len(content) // 4)
-        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=content, usage_metadata=usage))])
+        reply.usage_metadata = UsageMetadata(input_tokens=len(text) // 4, output_tokens=len(content) // 4,
+                                             total_tokens=len(text) // 4 + len(content) // 4)
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+# As an agent, the model checks a draft with the first of these tools it is given before answering with it.
+CHECKING_TOOLS = ("check", "compile")
+
+
+def passed(tool_answer: str) -> bool:
+    """Whether a check or compile answer (tools/check.py, tools/compile.py) says the draft passed."""
+    return tool_answer.startswith(("check: correct", "compile: OK"))
+
+
+def derive(seed: int, attempt: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:attempt:{attempt}".encode()).digest()[:8], "big")

@@ -1,4 +1,5 @@
-"""The model side of a search: the prompt for one candidate, the model call, and the code in the reply.
+"""The model side of a search: the prompt for one candidate, the model call (or, with an agent proposer, an
+episode of the agent loop: agent.search.episode), and the code in the reply.
 
 A fresh draft gets the zero-shot prompt of `pkb run` (prompts/zero_shot.md and task.md). A refinement adds
 prompts/search_refine.md: the parent's source, what the harness measured for it, its roofline (the bound,
@@ -16,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -24,9 +26,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
 import prompts
-from agent.graph import is_fatal, is_transient
+from agent.conditions import AGENT
+from agent.graph import MODEL_ERROR as MODEL_ERROR_STOP
+from agent.graph import FatalProviderError, TransientProviderError, is_fatal, is_transient
 from agent.providers import ProviderError, make_chat_model, parse_model_spec
 from agent.retry import invoke_model
+from agent.search import episode
 from agent.search.archive import MODEL_ERROR, NO_CODE, Candidate
 from agent.search.config import SearchConfig
 from agent.search.mutator import MutatorChatModel, is_mutator, rates_of
@@ -56,6 +61,8 @@ class Proposal:
     cost_usd: float = 0.0
     cost_known: bool = True
     model_s: float = 0.0
+    device_s: float = 0.0  # an agent proposer's tools' device seconds
+    tool_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def sha256(self) -> str | None:
@@ -113,6 +120,11 @@ class Proposer:
         self._factory = model_factory
         self._tasks: dict[str, str] = {}
         self._system: str | None = None
+        self.condition = config.proposer_condition
+        # An agent proposer's episodes: their folder (runs/<search>/episodes) and where their tools run; set by
+        # the search (agent.search.loop) before the first proposal.
+        self.episodes: Path | None = None
+        self.where: episode.Where | None = None
         if model_factory is None and not self.scripted:  # built now: a bad key or model fails before any work
             self._shared = make_chat_model(self.spec, base_url=config.base_url, api_key_env=config.api_key_env,
                                            temperature=config.temperature, max_output_tokens=config.max_reply_tokens)
@@ -128,9 +140,11 @@ class Proposer:
 
     # -- the prompt ---------------------------------------------------------------------------------------
     def system(self) -> str:
+        """The condition's system prompt: zero-shot's, or the agent's with its tools listed."""
+        tools = list(self.condition.bound_tools)
         with AST_LOCK:
             if self._system is None:
-                self._system = prompts.render_system([], self.config.guide_in_prompt)
+                self._system = prompts.render_system(tools, self.config.guide_in_prompt and "guide" not in tools)
             return self._system
 
     def task(self, problem: str) -> str:
@@ -169,7 +183,11 @@ class Proposer:
         return [SystemMessage(content=system), HumanMessage(content=task + "\n" + refine)]
 
     # -- the call -----------------------------------------------------------------------------------------
-    def propose(self, slot: int, messages: list[BaseMessage]) -> Proposal:
+    def propose(self, slot: int, messages: list[BaseMessage], problem: str | None = None) -> Proposal:
+        """The candidate of `slot`: one model call, or with an agent proposer one episode (on `problem`)."""
+        if self.condition.kind == AGENT:
+            assert problem is not None
+            return self._episode(slot, messages, problem)
         model = self.model_for(slot)
         started = time.perf_counter()
         try:
@@ -187,6 +205,32 @@ class Proposer:
                         input_tokens=usage.input_tokens if usage else 0,
                         output_tokens=usage.output_tokens if usage else 0,
                         cost_usd=cost or 0.0, cost_known=cost is not None, model_s=seconds)
+
+    def _episode(self, slot: int, messages: list[BaseMessage], problem: str) -> Proposal:
+        if self.episodes is None or self.where is None:
+            raise RuntimeError("an agent proposer needs the search's episode folder and devices (Search sets them)")
+        started = time.perf_counter()
+        tools_seed = derived_seed(self.config.seed, slot, "tools") % 2**31  # not the evaluation's inputs
+        try:
+            done = episode.run(problem=self.problems[problem], condition=self.condition, model=self.model_for(slot),
+                               model_name=self.spec.text, messages=messages, folder=self.episodes / f"{slot:05d}",
+                               turns=self.config.proposer_turns, config=self.config.eval_config(seed=tools_seed),
+                               where=self.where, prices=self.prices, model_attempts=self.config.model_attempts,
+                               guide_in_prompt=self.config.guide_in_prompt, log=self.log)
+        except FatalProviderError as err:
+            raise FatalModelError(str(err), kind=err.kind, status=err.status) from err
+        except TransientProviderError as err:
+            raise TransientModelError(str(err), kind=err.kind, status=err.status) from err
+        spent = done.spent
+        verdict = None if done.source is not None else (MODEL_ERROR if done.stop_reason == MODEL_ERROR_STOP
+                                                         else NO_CODE)
+        tools = ", ".join(f"{name} x{n}" for name, n in sorted(spent.tool_calls.items())) or "no tool"
+        note = f"agent episode: {spent.turns} turn(s), {tools}; stopped: {done.stop_reason}"
+        if done.error:
+            note += f" ({done.error})"
+        return Proposal(done.source, verdict, note[:MAX_NOTE_CHARS], input_tokens=spent.input_tokens,
+                        output_tokens=spent.output_tokens, cost_usd=spent.cost_usd, cost_known=spent.cost_known,
+                        model_s=time.perf_counter() - started, device_s=spent.gpu_s, tool_calls=dict(spent.tool_calls))
 
     def _invoke(self, model: BaseChatModel, messages: list[BaseMessage]) -> AIMessage:
         if isinstance(model, MutatorChatModel):

@@ -84,7 +84,7 @@ def build(path: Path) -> dict[str, Any]:
         rows = problem_rows(archive, config.problems, config.rescore_seeds)
         every = {c.id: c for c in archive.candidates()}
         notes = {r["id"]: (r["note"] or "") for r in archive.rows(("id", "note"))}
-        stats = throughput(archive, config.world_size)
+        stats = throughput(archive, config.gpus_per_evaluation)
         series = timeline(archive)
         stop_reason = search_stop_reason(archive)
         sessions = archive.sessions()
@@ -203,9 +203,12 @@ def tree_lines(chain: list[dict[str, Any]]) -> list[str]:
 
 def _throughput_lines(t: dict[str, Any]) -> list[str]:
     per = t["seconds_per_candidate"]
+    proposer = t.get("proposer_device_s") or 0.0
+    tools = f"; the proposer's tools held devices {proposer / 3600:.4f} device-hours" if proposer else ""
     return [
         f"- wall {t['wall_s'] / 3600:.3f} h over the sessions; {t['candidates']} candidates, {t['evaluations']} "
-        f"evaluations ({t['rescores']} of them rescores); capacity {t['capacity']:.3g} evaluation(s) at once",
+        f"evaluations ({t['rescores']} of them rescores); capacity {t['capacity']:.3g} evaluation(s) at once"
+        + tools,
         f"- devices busy {_f(t['busy_fraction'])}; {t['candidates_per_device_hour'] or 0:.1f} candidates per device "
         f"hour; {t['candidates_per_hour'] or 0:.1f} candidates per hour",
         "- seconds per candidate: " + ", ".join(f"{k} {_s(v)}" for k, v in per.items()),
@@ -216,7 +219,8 @@ def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
     c = report["config"]
     spent = report["spent"]
     out = [f"# Search {report['run_id']}", "",
-           f"{c['strategy']['name']} search with `{c['model']}` on {c['device']}, W={c['world_size']}, shape "
+           f"{c['strategy']['name']} search with `{c['model']}` (proposer `{c['proposer']}`) on {c['device']}, "
+           f"W={c['world_size']}, shape "
            f"`{c['shape']}`, seed {c['seed']}. Stopped: **{report['stop_reason']}** ({report['sessions']} "
            "session(s)).", "",
            "| problem | best (rescored) | roofline | bound by | search speedup | candidates | correct | trusted | "
@@ -295,7 +299,8 @@ def to_html(report: dict[str, Any]) -> str:
         "td,th{border:1px solid #ccc;padding:3px 8px}th{background:#f4f4f4}pre{background:#f6f6f6;padding:.6em;"
         "overflow-x:auto}</style></head><body>",
         f"<h1>search {esc(report['run_id'])}</h1>",
-        f"<p>{esc(c['strategy']['name'])} search with <code>{esc(c['model'])}</code> on {esc(c['device'])}, "
+        f"<p>{esc(c['strategy']['name'])} search with <code>{esc(c['model'])}</code> (proposer "
+        f"<code>{esc(c['proposer'])}</code>) on {esc(c['device'])}, "
         f"W={c['world_size']}, shape <code>{esc(c['shape'])}</code>, seed {c['seed']}. Stopped: "
         f"<b>{esc(report['stop_reason'])}</b>.</p>",
         "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", *rows, "</table>",

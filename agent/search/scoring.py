@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.executors import request
 from harness import failures
 from harness.config import EvalConfig
 from harness.flags import SPEEDUP_DISQUALIFIERS
@@ -48,8 +49,9 @@ def trusted(result: EvalResult) -> bool:
 
 
 def device_seconds(result: EvalResult) -> float:
-    """Seconds the evaluation held its devices, times the ranks (agent.executors.device_seconds's figure)."""
-    return result.world_size * sum(result.stages.values())
+    """Seconds the evaluation held its devices, times the GPUs it held (ranks sharing a GPU count it once; on CPU
+    the rank processes): the runner's figure, agent.executors.request.device_seconds."""
+    return request.device_seconds(result)
 
 
 def score(evaluate: EvaluateFn, problem: Problem, path: Path, *, config: EvalConfig, world_size: int, device: str,

@@ -9,8 +9,10 @@ Used by the live view, the end-of-search table and the report, so all three say 
   one that is fast on the fresh seeds too.
 - `timeline`: per problem, the best trusted speedup and roofline fraction after each evaluation, against
   the search's running seconds and its cumulative device hours.
-- `throughput`: device busy fraction (device-held seconds over capacity x wall), candidates per device
-  hour, and seconds per candidate by stage: model (the model call), build (compile), launch (the rank
+- `throughput`: device busy fraction (seconds evaluation slots were held, over capacity x wall: at most 1,
+  since no more than `capacity` slots are ever held at once; device seconds are the GPUs held times the
+  seconds held, agent.executors.request.device_seconds), candidates per device hour, and seconds per
+  candidate by stage: model (the model call), build (compile), launch (the rank
   processes starting), check (audit, load, correctness trials), timing, teardown, and queue (the rest of an
   evaluation's wall time: waiting for a lease, and on CUDA the build done before the lease is taken).
 """
@@ -94,7 +96,7 @@ def problem_rows(archive: Archive, order: list[str], rescore_seeds: int) -> list
         done = [c for c in mine if c.status == EVALUATED]
         row = ProblemRow(name, decided=len(mine), evaluated=len(done), correct=sum(c.correct for c in done),
                          trusted=len(trusted(done)), verdicts=Counter(c.verdict or "?" for c in done),
-                         stop=stops.get(name), gpu_s=sum(c.gpu_s for c in mine), tokens=sum(c.tokens for c in mine),
+                         stop=stops.get(name), gpu_s=sum(c.device_s for c in mine), tokens=sum(c.tokens for c in mine),
                          cost_usd=sum(c.cost_usd for c in mine), cost_known=all(c.cost_known for c in mine))
         pool = trusted(done)
         row.best = max(pool, key=rank_key) if pool else None
@@ -115,7 +117,7 @@ def timeline(archive: Archive) -> dict[str, list[dict[str, float | None]]]:
     best: dict[str, Candidate] = {}
     out: dict[str, list[dict[str, float | None]]] = {}
     for c in done:
-        device_h += c.gpu_s / 3600.0
+        device_h += c.device_s / 3600.0
         if c.trusted and c.speedup is not None and (c.problem not in best or rank_key(c) > rank_key(best[c.problem])):
             best[c.problem] = c
         top = best.get(c.problem)
@@ -125,18 +127,22 @@ def timeline(archive: Archive) -> dict[str, list[dict[str, float | None]]]:
     return out
 
 
-def throughput(archive: Archive, world_size: int) -> dict[str, Any]:
-    rows = [r for r in archive.rows(("status", "model_s", "stages", "eval_s", "attempts", "gpu_s"))
+def throughput(archive: Archive, gpus_per_evaluation: int) -> dict[str, Any]:
+    """`gpus_per_evaluation`: the devices one evaluation slot holds (SearchConfig.gpus_per_evaluation)."""
+    rows = [r for r in archive.rows(("status", "model_s", "stages", "eval_s", "attempts", "gpu_s", "proposer_gpu_s"))
             if r["status"] == EVALUATED]
     evaluated = [r for r in rows if (r["attempts"] or 0) > 0]
     sessions = archive.sessions()
     wall_s = sum(float(s["active_s"] or 0.0) for s in sessions)
     capacity = (sum(float(s["active_s"] or 0.0) * int(s["capacity"] or 1) for s in sessions) / wall_s
                 if wall_s > 0 else 1.0)
-    world = max(1, world_size)
+    per_slot = max(1, gpus_per_evaluation)
     rescores = archive.rescores()
-    device_s = sum(float(r["gpu_s"] or 0.0) for r in rows) + sum(r.gpu_s for r in rescores)
-    held_s = device_s / world
+    proposer_s = sum(float(r["proposer_gpu_s"] or 0.0) for r in rows)
+    device_s = sum(float(r["gpu_s"] or 0.0) for r in rows) + sum(r.gpu_s for r in rescores) + proposer_s
+    # Slot-seconds: every evaluation (and every device call of a proposer's tools) holds one slot of
+    # `per_slot` devices for as long as it runs, and at most `capacity` slots are held at once.
+    held_s = device_s / per_slot
     stages: dict[str, list[float]] = {k: [] for k in ("model", "build", "launch", "check", "timing", "teardown",
                                                       "queue")}
     for r in rows:
@@ -152,9 +158,9 @@ def throughput(archive: Archive, world_size: int) -> dict[str, Any]:
         stages["queue"].append(max(0.0, float(r["eval_s"] or 0.0) / max(1, r["attempts"] or 1)
                                    - sum(float(v) for v in st.values())))
     return {
-        "wall_s": wall_s, "capacity": capacity, "world_size": world, "candidates": len(rows),
+        "wall_s": wall_s, "capacity": capacity, "gpus_per_evaluation": per_slot, "candidates": len(rows),
         "evaluations": len(evaluated) + len(rescores), "rescores": len(rescores),
-        "device_s": device_s, "held_s": held_s,
+        "device_s": device_s, "proposer_device_s": proposer_s, "held_s": held_s,
         "busy_fraction": held_s / (capacity * wall_s) if wall_s > 0 else None,
         "candidates_per_device_hour": len(evaluated) / (device_s / 3600.0) if device_s > 0 else None,
         "candidates_per_hour": len(rows) / (wall_s / 3600.0) if wall_s > 0 else None,
