@@ -103,6 +103,7 @@ def touched() -> dict[tuple[str, str], Path]:
     return seen
 
 
+@pytest.mark.slow
 def test_every_kind_of_access_is_enumerated(touched):
     """The record holds the harness's reads, writes, folders and removals (a guard on the enumeration)."""
     ops = {op for op, _ in touched}
