@@ -35,6 +35,7 @@ def test_run_and_search_refuse_without_a_sandbox(command, no_bubblewrap, tmp_pat
     assert not (tmp_path / "runs").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_no_sandbox_runs_and_every_result_says_so(no_bubblewrap, tmp_path):
     solutions = tmp_path / "solutions"
     solutions.mkdir()
@@ -47,6 +48,7 @@ def test_no_sandbox_runs_and_every_result_says_so(no_bubblewrap, tmp_path):
     assert sandbox["backend"] == "none" and sandbox["weaker_fallback"] == "turned off by --no-sandbox"
 
 
+@pytest.mark.slow
 def test_eval_keeps_the_fallback_with_a_warning(no_bubblewrap, capsys):
     code = main(["eval", "--problem", "all_reduce", "--solution", str(CANDIDATES / "correct_all_gather_sum.py"),
                  "--trials", "2", "--no-timing", "--json"])
@@ -55,6 +57,7 @@ def test_eval_keeps_the_fallback_with_a_warning(no_bubblewrap, capsys):
     assert "warning: the candidate runs unsandboxed" in err and "apt-get install bubblewrap" in err
 
 
+@pytest.mark.slow
 def test_eval_never_crashes_on_a_hostile_candidate(capsys):
     """An artifact that made the judge's parser raise once ended `pkb eval` in a traceback."""
     exploit = Path(__file__).parent / "exploits" / "deep_header_kept_output.py"
