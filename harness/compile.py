@@ -32,8 +32,14 @@ from typing import Any
 from harness import channel, failures
 from harness.builds import may_build
 from harness.cache_dir import cache_root
-from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
+from harness.pool import REPO_ROOT, worker_env
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment, probe
+from harness.sandbox.limits import SandboxLimits
+from harness.sandbox.memory import MemoryCgroup
+from harness.sandbox.namespace import pid_namespace_members, sandbox_init
+from harness.sandbox.policy import SANDBOX_UID
+from harness.sandbox.private import hand_over, private_folder, remove_private, stage_file
+from harness.sandbox.watch import SandboxWatch
 
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
@@ -106,10 +112,12 @@ def _builds_reported(text: str) -> list[dict[str, Any]]:
     return []
 
 
-def compile_candidate(path: Path, timeout: float, device: str, *, problem: str | None = None) -> CompileOutcome:
+def compile_candidate(path: Path, timeout: float, device: str, *, problem: str | None = None,
+                      limits: SandboxLimits | None = None) -> CompileOutcome:
     """Syntax, then (for a candidate that builds native code) one sandboxed import with its builds.
     `problem`: the problem's loader spec, loaded there first (a PKB checkout's solutions import its
-    `utils` at import time, and only loading the problem makes that package importable)."""
+    `utils` at import time, and only loading the problem makes that package importable). `limits`: the
+    sandbox's (default: the integrity settings' defaults for one rank)."""
     raw = path.read_bytes()
     source = raw.decode(errors="replace")
     outcome = check_syntax(source, str(path))
@@ -121,21 +129,36 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
                               builds=json.loads((entry / DONE).read_text() or "[]"))
     started, started_wall = time.perf_counter(), time.time()
     sandbox = probe()
-    command = [sys.executable, "-m", "harness.precompile", str(path), *(["--problem", problem] if problem else [])]
-    with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
-        scratch = Path(tmp)
-        (scratch / "tmp").mkdir()
-        build = scratch / "ext"
-        build.mkdir()
+    # Under the private root: the sandbox sees the candidate's copy (read-only), its scratch and the build
+    # folder, never the candidate's own folder (harness.sandbox.private).
+    folder = private_folder("pkb-build-")
+    cgroup: MemoryCgroup | None = None
+    watch: SandboxWatch | None = None
+    try:
+        code = stage_file(raw, path.name, folder / "code")
+        scratch, build = folder / "scratch", folder / "ext"
+        for made in (scratch, scratch / "tmp", scratch / "home", scratch / "cache", build):
+            made.mkdir(mode=0o700)
+        command = [sys.executable, "-m", "harness.precompile", str(code), *(["--problem", problem] if problem else [])]
+        limits = limits or SandboxLimits.for_ranks(1)
         if sandbox.backend == "bwrap":
+            if sandbox.host_uid_switch:
+                hand_over(scratch, SANDBOX_UID)
+                hand_over(build, SANDBOX_UID)
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": EXT_MOUNT}), scratch)
             policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda",
-                                   visible=visible_for(path, problem))
+                                   visible=visible_for(code, problem), limits=limits, info=sandbox)
             command = policy.bwrap_command(command, REPO_ROOT)
+            cgroup = MemoryCgroup.create(folder.name, limits.memory_bytes)
+            if cgroup is not None:
+                command = cgroup.join_command(command)
         else:
             env = worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)})
         proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
+        if sandbox.backend == "bwrap":
+            watch = SandboxWatch(limits, proc.pid, [scratch, build], kill=lambda: _kill_group(proc.pid),
+                                 cgroup=cgroup).start()
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -144,21 +167,43 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
                                   f"compilation did not finish within {timeout:.0f} s", native=True, cleanup=cleanup)
         text = out.decode(errors="replace")
         seconds = time.perf_counter() - started
+        if watch is not None:
+            watch.stop()
+            over = watch.breach or (watch.explain() if proc.returncode != 0 else None)
+            if over:  # its import went over a limit of the sandbox: the candidate's failure
+                return CompileOutcome(False, seconds, failures.RUNTIME_ERROR, over, trim_compiler_output(text),
+                                      native=True)
         builds = _builds_reported(text)
         if proc.returncode == 3:  # precompile's code for "a build failed"
             return CompileOutcome(False, seconds, failures.COMPILE_ERROR, "native build failed",
                                   trim_compiler_output(text), native=True, builds=builds)
         _store(build, entry, builds)
+    finally:
+        if watch is not None:
+            watch.stop()
+        if cgroup is not None:
+            cgroup.remove()
+        remove_private(folder)
     return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry, builds=builds)
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def visible_for(candidate: Path, problem: str | None) -> tuple[Path, ...]:
-    """What a sandbox importing `candidate` must see although its /tmp is its own: the candidate's
-    folder (it may load files beside it) and, for a PKB problem, the checkout (its `utils`)."""
-    folders = [candidate.resolve().parent]
+    """What a sandbox importing `candidate` (the evaluation's read-only copy: harness.sandbox.private) must
+    see besides the code harness.sandbox.mounts binds: the copy's folder, and the problem: a PKB checkout
+    (its `utils`), else the problem's file (alone: its folder may be TMPDIR)."""
+    paths = [candidate.parent]
     if problem and problem.startswith("pkb:"):
-        folders.append(Path(problem[4:].split("::", 1)[0]))
-    return tuple(folders)
+        paths.append(Path(problem[4:].split("::", 1)[0]))
+    elif problem:
+        paths.append(Path(problem))
+    return tuple(paths)
 
 
 def _store(build: Path, entry: Path, builds: list[dict[str, Any]]) -> None:
@@ -207,8 +252,8 @@ def stop_build(proc: subprocess.Popen[bytes], folder: Path, since: float) -> dic
     own session; ninja starts each compiler in a process group of its own, so every process of the
     session dies, and torch's build locks created since the build started go (a later build of an
     extension with that name would otherwise wait on them until it, too, ran out of time)."""
-    init = _sandbox_init(proc.pid)
-    sandboxed = len(_pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
+    init = sandbox_init(proc.pid)
+    sandboxed = len(pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
