@@ -43,7 +43,7 @@ from harness.cache_dir import cache_root
 from harness.emulation import layout
 from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 from harness.sandbox.limits import SandboxLimits
-from harness.sandbox.memory import MemoryCgroup
+from harness.sandbox.memory import MemoryCgroup, sweep_orphans
 from harness.sandbox.namespace import children as _children
 from harness.sandbox.namespace import pid_namespace_members as _pid_namespace_members
 from harness.sandbox.namespace import sandbox_init as _sandbox_init
@@ -132,6 +132,8 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
     them) whose owning harness process is gone, and end the processes that pool's ranks left behind."""
     removed = []
     now = time.time() if now is None else now
+    if root is None:
+        sweep_orphans()  # the memory cgroups of sandboxes whose harness was killed
     roots = [root] if root is not None else [private_root_path(), Path(tempfile.gettempdir())]
     for folder in [f for r in roots for f in r.glob(f"{FOLDER_PREFIX}*")]:
         marker = None

@@ -32,6 +32,7 @@ from harness.problem import load_problem
 from harness.rank.tripwires import Guard
 from harness.registry import get, load_suite
 from harness.sandbox import SandboxPolicy, probe
+from harness.sandbox.memory import memory_cgroup_parent
 from harness.sandbox.private import stage_file
 from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
@@ -602,15 +603,19 @@ def test_a_root_only_file_bound_into_a_sandbox_is_still_unreadable():
 
 
 @needs_sandbox
-@pytest.mark.parametrize("where", ["tmpdir_elsewhere", "candidate_inside_tmpdir"])
+@pytest.mark.parametrize("where", ["tmpdir_elsewhere", "candidate_inside_tmpdir", "tmpdir_inside_the_checkout"])
 def test_reference_outputs_are_out_of_a_rank_s_sight_whatever_tmpdir_is(all_reduce, tmp_path, monkeypatch, where):
-    """TMPDIR outside /tmp (the sandbox's /tmp is its own, so /tmp alone proves nothing), and the candidate
-    file saved in TMPDIR itself: the evaluation's folder (every trial's inputs, the reference's outputs)
-    must stay invisible. Before the private root, the exploit found it and was judged correct."""
-    tmpdir = Path(tempfile.mkdtemp(prefix="pkb-test-tmpdir-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    """TMPDIR outside /tmp (the sandbox's /tmp is its own, so /tmp alone proves nothing), the candidate
+    file saved in TMPDIR itself, TMPDIR inside the checkout (which is bound: TMPDIR is masked there): the
+    evaluation's folder (every trial's inputs, the reference's outputs) must stay invisible. Before the
+    private root, the exploit found it in the first two and was judged correct."""
+    parent = Path(__file__).resolve().parent.parent if where == "tmpdir_inside_the_checkout" else (
+        Path("/var/tmp") if os.path.isdir("/var/tmp") else None)
+    tmpdir = Path(tempfile.mkdtemp(prefix=".pkb-test-tmpdir-", dir=parent))
     try:
         monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
         monkeypatch.setenv("PKB_TEST_HARNESS_TMPDIR", str(tmpdir))
+        os.chmod(tmpdir, 0o755)  # a TMPDIR others may walk: only the private root's own mode keeps them out
         candidate = EXPLOITS / "read_reference_outputs.py"
         if where == "candidate_inside_tmpdir":
             candidate = Path(shutil.copy(candidate, tmpdir / candidate.name))
@@ -681,3 +686,82 @@ def test_a_compile_stage_over_its_memory_limit_is_the_candidate_s_failure(all_re
     assert result.verdict == "runtime_error" and result.failure.phase == "compile", result.failure
     assert "rank_memory_bytes" in result.failure.message
     assert live_children() == []
+
+
+def test_the_private_root_refuses_a_folder_others_can_enter_or_a_link(tmp_path, monkeypatch):
+    """In a shared TMPDIR someone else may have made `pkb-<uid>` first, or left a link there: the harness
+    refuses it rather than keep its evaluations' folders where another user can reach them."""
+    from harness.sandbox.private import PrivateRootUnsafe, private_folder, private_root, remove_private
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"pkb-{os.geteuid()}"
+    folder = private_folder("pkb-eval-")
+    assert folder.parent == root and root.stat().st_mode & 0o777 == 0o700
+    remove_private(folder)
+    assert not root.exists()  # removed once empty: an evaluation leaves nothing in TMPDIR
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    with pytest.raises(PrivateRootUnsafe, match="mode 0700"):
+        private_root()
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PrivateRootUnsafe):
+        private_root()
+
+
+def test_the_bind_list_refuses_the_home_and_shared_temp_and_masks_what_a_code_folder_holds(tmp_path, monkeypatch):
+    """sys.path may name anything: `/`, the home folder, /tmp, a folder holding TMPDIR (and with it every
+    evaluation's folder). None of them is bound whole; a folder holding TMPDIR is bound with TMPDIR masked,
+    and the scratch under it is bound again on top, its way there walkable by another uid (0755)."""
+    from harness.sandbox import mounts
+
+    work = tmp_path / "work"
+    tmpdir = work / "tmp"
+    scratch = tmpdir / f"pkb-{os.geteuid()}" / "pkb-pool-x" / "scratch"
+    scratch.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    monkeypatch.setattr(sys, "path", ["/", str(Path.home()), "/tmp", str(work), *sys.path])
+    layout = mounts.plan(cwd=Path.cwd(), visible=(), hide=(), scratch=scratch, extensions=None,
+                         ext_mount="/tmp/ext", gpus=False, tmp_bytes=1 << 20, shm_bytes=1 << 20)
+    assert {"/", str(Path.home()), "/tmp"} <= set(layout.refused)
+    bound = [m.dest for m in layout.mounts if m.kind == "ro"]
+    assert str(work) in bound and not [p for p in bound if p in ("/", "/tmp", str(Path.home()))]
+    assert str(tmpdir) in layout.masked
+    args = mounts.bwrap_args(layout, perms=True, sizes=True)
+    mask_at = args.index(str(tmpdir), args.index("--tmpfs", args.index(str(work))))
+    scratch_at = args.index("--bind")
+    assert mask_at < scratch_at  # the scratch is bound on top of the mask
+    made = [args[i + 3] for i in range(len(args) - 3) if args[i:i + 3] == ["--perms", "0755", "--dir"]]
+    assert str(scratch.parent) in made and str(scratch.parent.parent) in made
+    assert f"{tmpdir}/pkb-{os.geteuid()}" in made
+
+
+@pytest.mark.skipif(memory_cgroup_parent() is None, reason="no memory cgroup can be made here (not root, or none "
+                                                             "delegated): the watchdog limits memory instead")
+def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_one_is_not():
+    """A harness killed with SIGKILL leaves its sandboxes' cgroups (and whatever is still in them); the next
+    pool's reaper removes those whose maker is gone, and leaves a live harness's alone."""
+    from harness.sandbox.memory import MemoryCgroup, sweep_orphans
+
+    maker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from harness.sandbox.memory import MemoryCgroup
+        group = MemoryCgroup.create("pkb-test-orphan", 1 << 30)
+        print(group.path, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    orphan = Path(maker.stdout.readline().strip())
+    inside = subprocess.Popen(MemoryCgroup(orphan, 1).join_command(["sleep", "600"]))
+    mine = MemoryCgroup.create("pkb-test-live", 1 << 30)
+    assert mine is not None
+    try:
+        maker.kill()
+        maker.wait()
+        assert orphan in sweep_orphans() and not orphan.exists()
+        assert inside.wait(timeout=30) == -signal.SIGKILL  # what was left in it ended with it
+        assert mine.path.exists()  # this process is alive: its cgroup stays
+    finally:
+        inside.kill()
+        inside.wait()
+        mine.remove()

@@ -25,10 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.sandbox.namespace import start_time
+
+# A sandbox's cgroup is named after the harness process that made it (pid and start time), so the next
+# harness can remove those whose maker is gone without touching a live one (`sweep_orphans`).
+_NAME = re.compile(r"pkb-(\d+)-(\d+)-[\w.-]+")
 
 
 def headroom(limit_bytes: int) -> int:
@@ -42,15 +49,15 @@ class MemoryCgroup:
     version: int  # 1 or 2
 
     @classmethod
-    def create(cls, name: str, limit_bytes: int) -> MemoryCgroup | None:
-        """A new cgroup `name` whose kernel limit is `limit_bytes` plus headroom(limit_bytes), or None where
-        this process cannot make one."""
+    def create(cls, tag: str, limit_bytes: int) -> MemoryCgroup | None:
+        """A new cgroup for a sandbox (`tag`: its folder's name) whose kernel limit is `limit_bytes` plus
+        headroom(limit_bytes), or None where this process cannot make one."""
         limit_bytes += headroom(limit_bytes)
         parent = _own_memory_cgroup()
         if parent is None:
             return None
         folder, version = parent
-        group = cls(folder / name, version)
+        group = cls(folder / f"pkb-{os.getpid()}-{start_time(os.getpid()) or 0}-{tag}", version)
         try:
             os.mkdir(group.path)
         except OSError:
@@ -111,7 +118,7 @@ class MemoryCgroup:
     def record(self) -> dict[str, object]:
         return {"backend": f"cgroup_v{self.version}", "path": str(self.path)}
 
-    def remove(self, wait_s: float = 10.0) -> list[int]:
+    def remove(self, wait_s: float = 30.0) -> list[int]:
         """Kill whatever is still in the cgroup and remove it; returns the pids that had to be killed."""
         killed: list[int] = []
         deadline = time.monotonic() + wait_s
@@ -133,6 +140,22 @@ class MemoryCgroup:
                 if time.monotonic() > deadline:
                     return killed
                 time.sleep(0.05)
+
+
+def sweep_orphans() -> list[Path]:
+    """Remove the sandboxes' cgroups whose harness process is gone (killed before it could remove them),
+    ending what is still in them."""
+    parent = _own_memory_cgroup()
+    removed: list[Path] = []
+    if parent is None:
+        return removed
+    for path in parent[0].glob("pkb-*"):
+        match = _NAME.fullmatch(path.name)
+        if match is None or start_time(int(match.group(1))) == match.group(2):
+            continue  # not one of ours, or its maker is alive
+        MemoryCgroup(path, parent[1]).remove(wait_s=5.0)
+        removed.append(path)
+    return removed
 
 
 def memory_cgroup_parent() -> Path | None:

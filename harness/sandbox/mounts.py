@@ -44,9 +44,11 @@ class Mount:
     source: str = ""
     size: int | None = None  # tmpfs only
 
-    def args(self, sizes: bool) -> list[str]:
+    def args(self, sizes: bool, perms: bool) -> list[str]:
         if self.kind == "tmpfs":
-            return [*(["--size", str(self.size)] if self.size and sizes else []), "--tmpfs", self.dest]
+            # /tmp and /dev/shm are every process's, whatever its uid (sticky, like the host's).
+            mode = ["--perms", "1777"] if perms and self.dest in ("/tmp", "/dev/shm") else []
+            return [*mode, *(["--size", str(self.size)] if self.size and sizes else []), "--tmpfs", self.dest]
         if self.kind == "symlink":
             return ["--symlink", self.source, self.dest]
         flag = {"ro": "--ro-bind", "rw": "--bind", "dev": "--dev-bind"}[self.kind]
@@ -150,6 +152,8 @@ def plan(*, cwd: Path, visible: Iterable[Path], hide: Iterable[Path], scratch: P
     masks = [p for p in protected if p.exists() and any(_under(p, k.resolve()) for k in kept)]
     masks += [cwd / d for d in CHECKOUT_DATA if (cwd / d).is_dir() and any(_under(cwd, k) for k in kept)]
     for mask in sorted(set(masks), key=lambda p: len(p.parts)):
+        if any(_under(mask, Path(m)) for m in layout.masked):
+            continue  # inside a mask already
         layout.mounts.append(Mount("tmpfs", str(mask), size=1 << 20))
         layout.masked.append(str(mask))
     for path in visible:
@@ -159,7 +163,7 @@ def plan(*, cwd: Path, visible: Iterable[Path], hide: Iterable[Path], scratch: P
         if real == Path("/") or _under(home, real) or real in protected:
             layout.refused.append(str(path))
             continue
-        if any(_under(real, k.resolve()) for k in kept) and not any(_under(real, m) for m in masks):
+        if any(_under(real, k.resolve()) for k in kept) and not any(_under(real, Path(m)) for m in layout.masked):
             continue  # inside the checkout or another code folder: visible already
         layout.mounts.append(Mount("ro", str(real), str(real)))
     if scratch is not None:
@@ -183,7 +187,7 @@ def bwrap_args(layout: Layout, *, perms: bool, sizes: bool) -> list[str]:
                 continue  # made already, or a folder of a host folder bound at its own path
             args += (["--perms", "0755"] if perms else []) + ["--dir", p]
             made.add(p)
-        args += m.args(sizes)
+        args += m.args(sizes, perms)
         made.add(m.dest)
         if m.kind != "symlink":
             mounted.append(m)

@@ -8,10 +8,18 @@ from pathlib import Path
 
 
 def children(pid: int) -> list[int]:
+    """The children of `pid`, whichever of its threads started them."""
+    found: list[int] = []
     try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def sandbox_init(bwrap_pid: int) -> int | None:
@@ -46,3 +54,22 @@ def pid_namespace_members(host_pid: int) -> list[int]:
         except (OSError, IndexError):
             continue
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it. From a sandbox's init, that is every process of its PID namespace
+    (orphans are given to the init), found without reading the rest of the machine's /proc."""
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(children(current))
+    return found
+
+
+def start_time(pid: int) -> str | None:
+    """When `pid` started (clock ticks since boot, from /proc): with the pid, a name no later process has."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.sandbox.limits import SandboxLimits, gib
 from harness.sandbox.memory import MemoryCgroup, measure, tmpfs_used
-from harness.sandbox.namespace import pid_namespace_members, sandbox_init
+from harness.sandbox.namespace import descendants, sandbox_init
 
 MEMORY_PERIOD_S = 0.25
 FOLDER_PERIOD_S = 1.0
@@ -114,7 +114,7 @@ class SandboxWatch:
         if init is None:
             return None
         root = f"/proc/{init}/root"
-        used, each = measure(pid_namespace_members(init), [f"{root}/tmp", f"{root}/dev/shm"])
+        used, each = measure(descendants(init), [f"{root}/tmp", f"{root}/dev/shm"])
         self.peak_bytes = max(self.peak_bytes, used)
         if used <= limit:
             return None
