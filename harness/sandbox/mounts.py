@@ -165,7 +165,7 @@ def plan(*, cwd: Path, visible: Iterable[Path], hide: Iterable[Path], scratch: P
             continue
         if any(_under(real, k.resolve()) for k in kept) and not any(_under(real, Path(m)) for m in layout.masked):
             continue  # inside the checkout or another code folder: visible already
-        layout.mounts.append(Mount("ro", str(real), str(real)))
+        layout.mounts.append(Mount("ro", str(path.absolute()), str(real)))  # at the path the ranks are told
     if scratch is not None:
         layout.mounts.append(Mount("rw", str(scratch), str(scratch)))
     if extensions is not None:
