@@ -165,7 +165,7 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
             cleanup = stop_build(proc, build, started_wall)
             return CompileOutcome(False, time.perf_counter() - started, failures.COMPILE_ERROR,
                                   f"compilation did not finish within {timeout:.0f} s", native=True, cleanup=cleanup)
-        text = out.decode(errors="replace")
+        text = out.decode(errors="replace").replace(str(code), str(path))  # the user's file, not the copy
         seconds = time.perf_counter() - started
         if watch is not None:
             watch.stop()

@@ -132,6 +132,10 @@ class _Evaluation:
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
+        if self.failure is not None:  # tracebacks name the ranks' copy of the file: the record names the user's
+            copy, own = str(self.code_path), str(self.path)
+            self.failure = self.failure.model_copy(update={"message": self.failure.message.replace(copy, own),
+                                                           "evidence": self.failure.evidence.replace(copy, own)})
         verdict = self.failure.verdict if self.failure else failures.CORRECT
         speedup = None
         if self.timings is not None and self.timings.candidate.median_ms > 0:

@@ -20,6 +20,7 @@ ranks that wait on each other (deadlock) from ranks that are busy (timeout).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -48,7 +49,7 @@ from harness.sandbox.namespace import children as _children
 from harness.sandbox.namespace import pid_namespace_members as _pid_namespace_members
 from harness.sandbox.namespace import sandbox_init as _sandbox_init
 from harness.sandbox.policy import SANDBOX_UID
-from harness.sandbox.private import hand_over, private_folder, private_root_path, remove_private
+from harness.sandbox.private import OWNER_FILE, hand_over, private_folder, private_root_path, remove_private
 from harness.sandbox.watch import SandboxWatch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +96,6 @@ class Hang(RuntimeError):
 # owner (pid and process start time, so a recycled pid is not mistaken for it) and, on start, removes
 # the folders whose owner is gone.
 FOLDER_PREFIX = "pkb-pool-"
-OWNER_FILE = "owner"
 # Every rank of a pool, and so everything a rank starts, carries POOL_MARKER=<random hex> in its
 # environment; the owner file keeps it, so what outlived a killed harness can be found too.
 POOL_MARKER = "PKB_POOL"
@@ -128,14 +128,18 @@ def _owner_alive(identity: str) -> bool:
 
 
 def reap_stale_folders(root: Path | None = None, now: float | None = None) -> list[Path]:
-    """Remove pool folders under `root` (default: the private root, and TMPDIR where older versions kept
-    them) whose owning harness process is gone, and end the processes that pool's ranks left behind."""
+    """Remove the harness's folders under `root` (default: every folder of the private root, and pool
+    folders in TMPDIR, where older versions kept them) whose owning harness process is gone, and end the
+    processes that a pool's ranks left behind."""
     removed = []
     now = time.time() if now is None else now
     if root is None:
         sweep_orphans()  # the memory cgroups of sandboxes whose harness was killed
-    roots = [root] if root is not None else [private_root_path(), Path(tempfile.gettempdir())]
-    for folder in [f for r in roots for f in r.glob(f"{FOLDER_PREFIX}*")]:
+    # In the private root every folder is the harness's (evaluations' too: a killed one leaves its copy of
+    # the candidate and the reference's outputs); elsewhere only pool folders are.
+    private = private_root_path()
+    roots = [root] if root is not None else [private, Path(tempfile.gettempdir())]
+    for folder in [f for r in roots for f in r.glob("*" if r == private else f"{FOLDER_PREFIX}*")]:
         marker = None
         try:
             identity, _, rest = (folder / OWNER_FILE).read_text().partition("\n")
@@ -157,6 +161,9 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
                 channel.kill_marked(marker)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
+    if root is None:
+        with contextlib.suppress(OSError):  # not empty: live evaluations' folders are in it
+            private.rmdir()
     return removed
 
 

@@ -765,3 +765,21 @@ def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_o
         inside.kill()
         inside.wait()
         mine.remove()
+
+
+def test_an_evaluation_folder_whose_harness_was_killed_is_removed_by_the_next_pool(tmp_path, monkeypatch):
+    """Every folder of the private root names its maker: the reference's outputs and the candidate's copy
+    of a harness killed mid-evaluation go with the next pool's sweep; a live harness's stay."""
+    from harness.sandbox.private import private_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = subprocess.run([sys.executable, "-c", "from harness.sandbox.private import private_folder; "
+                           "print(private_folder('pkb-eval-'))"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path),
+                               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    orphan = Path(made.stdout.strip())
+    live = private_folder("pkb-eval-")
+    assert orphan.parent == live.parent and (orphan / "owner").exists()
+    assert reap_stale_folders() == [orphan]
+    assert live.exists() and not orphan.exists()
+    shutil.rmtree(live)

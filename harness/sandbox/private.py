@@ -18,7 +18,12 @@ import stat
 import tempfile
 from pathlib import Path
 
+from harness.sandbox.namespace import start_time
+
 ROOT_PREFIX = "pkb-"
+# Every folder made here names its maker ("pid starttime"): harness.pool.reap_stale_folders removes those whose
+# maker was killed before it could (a `pkb run` stopped with SIGKILL, a Ray worker killed mid-evaluation).
+OWNER_FILE = "owner"
 
 
 class PrivateRootUnsafe(RuntimeError):
@@ -48,9 +53,11 @@ def private_folder(prefix: str) -> Path:
     between its creation and this folder's."""
     for _ in range(5):
         try:
-            return Path(tempfile.mkdtemp(prefix=prefix, dir=private_root()))
+            folder = Path(tempfile.mkdtemp(prefix=prefix, dir=private_root()))
         except FileNotFoundError:
             continue
+        (folder / OWNER_FILE).write_text(f"{os.getpid()} {start_time(os.getpid()) or ''}".strip() + "\n")
+        return folder
     raise PrivateRootUnsafe("the private root kept disappearing while a folder was made in it")
 
 
