@@ -114,7 +114,9 @@ INSIDE = textwrap.dedent("""
 def checks(device: str) -> dict:
     """The sandbox's facts on this machine, and what a rank finds inside it."""
     info = probe()
-    out: dict = {"euid": os.geteuid(), "probe": info.record(), "memory_cgroup": str(memory_cgroup_parent()),
+    cgroups = memory_cgroup_parent()
+    out: dict = {"euid": os.geteuid(), "probe": info.record(),
+                 "memory_backend": f"cgroup under {cgroups}" if cgroups else "watchdog (no writable memory cgroup)",
                  "device_nodes": {n: stat.filemode(os.stat(n).st_mode) for n in sorted(glob.glob("/dev/nvidia*"))
                                   if not os.path.isdir(n)}}
     out["device_nodes_world_rw"] = all(os.stat(n).st_mode & 0o006 == 0o006 for n in out["device_nodes"])
@@ -178,7 +180,7 @@ def markdown(report: dict) -> str:
     if c:
         lines += ["| check | result |", "| --- | --- |"]
         lines += [f"| {k} | {v} |" for k, v in c.get("ok", {}).items()]
-        lines += [f"| memory backend | {c.get('memory_cgroup') or 'watchdog'} |",
+        lines += [f"| memory backend | {c.get('memory_backend')} |",
                   f"| device nodes world rw | {c.get('device_nodes_world_rw')} |"]
         for row in report.get("limits", []):
             lines.append(f"| {row['check']} | {row['verdict']} (expected {row['expected']}) |")
