@@ -184,7 +184,7 @@ class _Evaluation:
             ), _flags_of(hang.replies.values())) from hang
         except RankMisbehaved as err:
             raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,
-                                message=str(err))) from err
+                                message=str(err), evidence=err.evidence)) from err
         failed = [r for r in replies if not r.get("ok")]
         if failed:
             failure, extra = _failure_from(_first_failure(failed), phase)

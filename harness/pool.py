@@ -70,11 +70,13 @@ class PoolError(RuntimeError):
 
 
 class RankMisbehaved(RuntimeError):
-    """A rank broke a limit of its sandbox (output volume, process count): the candidate's failure."""
+    """A rank broke a limit of its sandbox (output volume, process count, memory, tmpfs, scratch): the
+    candidate's failure. `evidence`: the limits in force and what was measured, where known."""
 
-    def __init__(self, rank: int | None, message: str) -> None:
+    def __init__(self, rank: int | None, message: str, evidence: str = "") -> None:
         super().__init__(message)
         self.rank = rank
+        self.evidence = evidence
 
 
 class Hang(RuntimeError):
@@ -408,7 +410,9 @@ class RankPool:
             return  # no candidate code ran before the channel was sealed
         reason = self._watch.breach or (self._watch.explain() if failed else None)
         if reason:
-            raise RankMisbehaved(None, reason)
+            measured = {"limits": self.sandbox_limits.record(), "peak_memory_bytes": self._watch.peak_bytes,
+                        "memory": self._cgroup.record() if self._cgroup is not None else {"backend": "watchdog"}}
+            raise RankMisbehaved(None, reason, evidence=json.dumps(measured))
 
     def record(self) -> dict[str, Any]:
         """integrity.sandbox: the sandbox in force, its uid model, what it bound, its limits and how memory was
