@@ -103,13 +103,17 @@ def _bwrap_works() -> tuple[str, str, frozenset[str]]:
         usage = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10)
         options = frozenset(o for o in _OPTIONAL if o in usage.stdout + usage.stderr)
         info = SandboxInfo("bwrap", version=version, options=options)
-        trial = subprocess.run(SandboxPolicy(scratch=None, info=info).bwrap_command(["/bin/sh", "-c", "exit 0"],
-                                                                                   _REPO_ROOT),
+        # The interpreter runs and the checkout reads as the sandbox's uid (a checkout in a folder only its
+        # owner may read would fail every rank, for a reason better said once, here).
+        check = [sys.executable, "-I", "-S", "-c", f"open({str(_REPO_ROOT / 'harness' / '__init__.py')!r}).close()"]
+        trial = subprocess.run(SandboxPolicy(scratch=None, info=info).bwrap_command(check, _REPO_ROOT),
                                capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         return "", f"bubblewrap did not run: {err}", frozenset()
     if trial.returncode != 0:
-        return "", f"bubblewrap cannot make a sandbox here: {trial.stderr.strip()[:200]}", options
+        hint = (f"; ranks run as uid {SANDBOX_UID}: the checkout, the interpreter and its packages must be "
+                f"readable by others (chmod -R o+rX)") if info.host_uid_switch and "Permission" in trial.stderr else ""
+        return "", f"bubblewrap cannot make a sandbox here: {trial.stderr.strip()[-300:]}{hint}", options
     return version, "", options
 
 
