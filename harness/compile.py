@@ -41,9 +41,15 @@ from harness import channel, failures
 from harness.builds import may_build
 from harness.cache_dir import cache_root
 from harness.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
-from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
+from harness.pool import REPO_ROOT, worker_env
 from harness.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
 from harness.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable, clean_environment, probe
+from harness.sandbox.limits import SandboxLimits
+from harness.sandbox.memory import MemoryCgroup
+from harness.sandbox.namespace import pid_namespace_members, sandbox_init
+from harness.sandbox.policy import SANDBOX_UID
+from harness.sandbox.private import hand_over, private_folder, remove_private, stage_file
+from harness.sandbox.watch import SandboxWatch
 
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
@@ -172,10 +178,12 @@ def _helper_ended(code: int | None) -> str:
     return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
 
 
-def compile_candidate(path: Path, timeout: float, device: str, *, problem: str | None = None) -> CompileOutcome:
+def compile_candidate(path: Path, timeout: float, device: str, *, problem: str | None = None,
+                      limits: SandboxLimits | None = None) -> CompileOutcome:
     """Syntax, then (for a candidate that builds native code) one sandboxed import with its builds.
     `problem`: the problem's loader spec, loaded there first (a PKB checkout's solutions import its
-    `utils` at import time, and only loading the problem makes that package importable).
+    `utils` at import time, and only loading the problem makes that package importable). `limits`: the
+    sandbox's (default: the integrity settings' defaults for one rank).
 
     Fail closed: the build counts as done only when harness.precompile reported success (its result line,
     parsed strictly) and exited 0; only then is it cached. A helper that crashed, was killed, printed
@@ -192,7 +200,7 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
         return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=cached)
     started = time.perf_counter()
     try:
-        return _build(path, entry, timeout, device, problem)
+        return _build(path, raw, entry, timeout, device, problem, limits)
     except SandboxUnavailable:  # PKB_SANDBOX=require on a machine without one: nobody's failure (infra_error)
         raise
     except Exception as exc:  # noqa: BLE001 - the candidate's build was being handled: fail closed, never raise
@@ -200,26 +208,42 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
                               f"the build could not be completed: {type(exc).__name__}: {exc}"[:600], native=True)
 
 
-def _build(path: Path, entry: Path, timeout: float, device: str, problem: str | None) -> CompileOutcome:
+def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, problem: str | None,
+           limits: SandboxLimits | None) -> CompileOutcome:
     """The native part of compile_candidate: one helper run in its sandbox, its result, the cache."""
     started, started_wall = time.perf_counter(), time.time()
     sandbox = probe()
-    command = [sys.executable, "-m", "harness.precompile", str(path), *(["--problem", problem] if problem else [])]
-    with tempfile.TemporaryDirectory(prefix="pkb-build-") as tmp:
-        scratch = Path(tmp)
-        (scratch / "tmp").mkdir()
-        build = scratch / "ext"
-        build.mkdir()
+    # Under the private root: the sandbox sees the candidate's copy (read-only), its scratch and the build
+    # folder, never the candidate's own folder (harness.sandbox.private).
+    folder = private_folder("pkb-build-")
+    cgroup: MemoryCgroup | None = None
+    watch: SandboxWatch | None = None
+    try:
+        code = stage_file(raw, path.name, folder / "code")
+        scratch, build = folder / "scratch", folder / "ext"
+        for made in (scratch, scratch / "tmp", scratch / "home", scratch / "cache", build):
+            made.mkdir(mode=0o700)
+        command = [sys.executable, "-m", "harness.precompile", str(code), *(["--problem", problem] if problem else [])]
+        limits = limits or SandboxLimits.for_ranks(1)
         if sandbox.backend == "bwrap":
+            if sandbox.host_uid_switch:
+                hand_over(scratch, SANDBOX_UID)
+                hand_over(build, SANDBOX_UID)
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": EXT_MOUNT}), scratch)
             policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda",
-                                   visible=visible_for(path, problem))
+                                   visible=visible_for(code, problem), limits=limits, info=sandbox)
             command = policy.bwrap_command(command, REPO_ROOT)
+            cgroup = MemoryCgroup.create(folder.name, limits.memory_bytes)
+            if cgroup is not None:
+                command = cgroup.join_command(command)
         else:  # candidate code runs here too: the same allow-listed environment, no secret of the harness
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)}), scratch)
         with Folder.open(build) as build_files:  # held from before the helper runs: no link it plants is followed
             proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
+            if sandbox.backend == "bwrap":
+                watch = SandboxWatch(limits, proc.pid, [scratch, build], kill=lambda: _kill_group(proc.pid),
+                                     cgroup=cgroup).start()
             try:
                 out = read_bounded(proc, timeout)
                 if out.timed_out or out.over_cap:
@@ -231,8 +255,14 @@ def _build(path: Path, entry: Path, timeout: float, device: str, problem: str | 
             finally:
                 if proc.stdout is not None:
                     proc.stdout.close()
-            text = out.tail.decode(errors="replace")
+            text = out.tail.decode(errors="replace").replace(str(code), str(path))  # the user's file, not the copy
             seconds = time.perf_counter() - started
+            if watch is not None:
+                watch.stop()
+                over = watch.breach or (watch.explain() if proc.returncode != 0 else None)
+                if over:  # its import went over a limit of the sandbox: the candidate's failure
+                    return CompileOutcome(False, seconds, failures.RUNTIME_ERROR, over, trim_compiler_output(text),
+                                          native=True)
             report = parse_report(text)
             if report is None or proc.returncode != STATUS_EXIT[report["status"]]:
                 said = "without reporting a result" if report is None else f"reporting {report['status']!r}"
@@ -254,6 +284,12 @@ def _build(path: Path, entry: Path, timeout: float, device: str, problem: str | 
             except HostileFile as err:
                 return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
                                       f"the build's output was refused: {err}", native=True, builds=builds)
+    finally:
+        if watch is not None:
+            watch.stop()
+        if cgroup is not None:
+            cgroup.remove()
+        remove_private(folder)
     return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry, builds=builds)
 
 
@@ -271,13 +307,23 @@ def cached_builds(entry: Path) -> list[dict[str, Any]] | None:
     return builds
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def visible_for(candidate: Path, problem: str | None) -> tuple[Path, ...]:
-    """What a sandbox importing `candidate` must see although its /tmp is its own: the candidate's
-    folder (it may load files beside it) and, for a PKB problem, the checkout (its `utils`)."""
-    folders = [candidate.resolve().parent]
+    """What a sandbox importing `candidate` (the evaluation's read-only copy: harness.sandbox.private) must
+    see besides the code harness.sandbox.mounts binds: the copy's folder, and the problem: a PKB checkout
+    (its `utils`), else the problem's file (alone: its folder may be TMPDIR)."""
+    paths = [candidate.parent]
     if problem and problem.startswith("pkb:"):
-        folders.append(Path(problem[4:].split("::", 1)[0]))
-    return tuple(folders)
+        paths.append(Path(problem[4:].split("::", 1)[0]))
+    elif problem:
+        paths.append(Path(problem))
+    return tuple(paths)
 
 
 def _store(build: Folder, entry: Path, builds: list[dict[str, Any]]) -> None:
@@ -347,8 +393,8 @@ def stop_build(proc: subprocess.Popen[bytes], folder: Path, since: float) -> dic
     own session; ninja starts each compiler in a process group of its own, so every process of the
     session dies, and torch's build locks created since the build started go (a later build of an
     extension with that name would otherwise wait on them until it, too, ran out of time)."""
-    init = _sandbox_init(proc.pid)
-    sandboxed = len(_pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
+    init = sandbox_init(proc.pid)
+    sandboxed = len(pid_namespace_members(init)) if init is not None else 0  # they die with the sandbox
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -25,7 +25,6 @@ import hashlib
 import random
 import secrets
 import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -51,6 +50,12 @@ from harness.rank import transport
 from harness.redaction import redact_value, secret_names
 from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
+from harness.sandbox.limits import SandboxLimits
+from harness.sandbox.private import private_folder, remove_private, stage_file
+
+# The scratch folders the harness and the ranks exchange files through: calls (a call's inputs and the
+# ranks' outputs), sets (timing inputs: only the harness writes there), kept (timed outputs to judge).
+EXCHANGE_DIRS = {"calls": True, "sets": False, "kept": True}
 
 
 class _Stop(Exception):
@@ -126,9 +131,12 @@ class _Evaluation:
         self.salt = secrets.randbits(31) | 1
         self.rng = random.Random(secrets.randbits(64))
         self.evidence: dict[str, Any] = {"salt": self.salt, "checks": checks.to_dict()}
-        self.folder = Path(tempfile.mkdtemp(prefix="pkb-eval-"))  # private: no sandbox can see it
+        # Under the private root (harness.sandbox.private): no sandbox sees it, whatever TMPDIR is, except the
+        # read-only copy of the candidate the ranks import (its own folder is never bound).
+        self.folder = private_folder("pkb-eval-")
         self.ref_dir = self.folder / "reference"
         self.ref_dir.mkdir()
+        self.code_path = stage_file(self.source, candidate_path.name, self.folder / "code")
         self.reference: ReferenceRun | None = None
         self.pool: RankPool | None = None
         self.ext_copy: Path | None = None
@@ -137,6 +145,10 @@ class _Evaluation:
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
+        if self.failure is not None:  # tracebacks name the ranks' copy of the file: the record names the user's
+            copy, own = str(self.code_path), str(self.path)
+            self.failure = self.failure.model_copy(update={"message": self.failure.message.replace(copy, own),
+                                                           "evidence": self.failure.evidence.replace(copy, own)})
         verdict = self.failure.verdict if self.failure else failures.CORRECT
         speedup = None
         if self.timings is not None and self.timings.candidate.median_ms > 0:
@@ -185,7 +197,7 @@ class _Evaluation:
             ), _flags_of(hang.replies.values())) from hang
         except RankMisbehaved as err:
             raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,
-                                message=str(err))) from err
+                                message=str(err), evidence=err.evidence)) from err
         failed = [r for r in replies if not r.get("ok")]
         if failed:
             failure, extra = _failure_from(_first_failure(failed), phase)
@@ -227,7 +239,7 @@ class _Evaluation:
     # -- phases -------------------------------------------------------------------------------
     def compile(self) -> bool:
         outcome = compile_candidate(self.path, self.config.limits.compile_s, self.device,
-                                    problem=self.problem.loader_spec)
+                                    problem=self.problem.loader_spec, limits=SandboxLimits.for_ranks(1, self.checks))
         self.stages["compile"] = outcome.seconds
         if outcome.cleanup:
             self.evidence["stopped_build"] = outcome.cleanup
@@ -254,10 +266,13 @@ class _Evaluation:
         self.ext_files = hostile_files.Folder.open(self.ext_copy)
         self.pool = RankPool(self.world_size, self.device, start_timeout=limits.start_s, keep_logs=self.log_dir,
                              gpus=self.gpus, role="candidate", extensions=self.ext_copy,
-                             visible=visible_for(self.path, self.problem.loader_spec),
-                             ranks_per_gpu=self.config.ranks_per_gpu)
+                             visible=visible_for(self.code_path, self.problem.loader_spec),
+                             ranks_per_gpu=self.config.ranks_per_gpu,
+                             sandbox_limits=SandboxLimits.for_ranks(self.world_size, self.checks))
         self.pool.launch()
-        self.evidence["sandbox"] = self.pool.sandbox.record()
+        for name, writable in EXCHANGE_DIRS.items():  # before any candidate code can plant a link there
+            self.pool.exchange_dir(name, writable)
+        self.evidence["sandbox"] = self.pool.record()
 
     def run_reference(self, schedule: list[trials.Trial], seed: int) -> TimingStats | None:
         assert self.reference is not None and self.pool is not None
@@ -298,7 +313,7 @@ class _Evaluation:
         self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "groups": self.reference.groups},
                  "load", limits.load_s)
         params = len(_required(self.problem))
-        replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.path), "params": params},
+        replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.code_path), "params": params},
                            "load", limits.load_s)
         self.flags.extend(_flags_of(replies))
         events = self.pool.take_events()
@@ -335,7 +350,7 @@ class _Evaluation:
                     files.copy_new(inputs, self.ref_dir / f"in-{trial.id}-r{rank}.pt")
                 paths[rank] = {"output": f"{stem}-out.bin", "previous_output": f"{stem}-prev.bin",
                                "inputs_after": f"{stem}-after.bin"}
-                per_rank[rank] = {"op": "call", "candidate": str(self.path), "inputs": str(inputs),
+                per_rank[rank] = {"op": "call", "candidate": str(self.code_path), "inputs": str(inputs),
                                   "output": paths[rank]["output"], "previous_output": paths[rank]["previous_output"],
                                   "return_inputs": paths[rank]["inputs_after"] if ref[rank].get("mutated") else None,
                                   "delay_s": delays[rank], "lazy_delay_s": self.checks.lazy_delay_s,
@@ -404,10 +419,8 @@ class _Evaluation:
                     target = sets_dir / f"{name}-r{rank}.pt"
                     files.copy_new(target, self.ref_dir / f"in-{name}-r{rank}.pt")
                     paths.append(str(target))
-                per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
+                per_rank[rank] = {"op": "time_begin", "candidate": str(self.code_path), "sets": paths[:sets.count],
                                   "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
-            per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
-                              "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
         self.ask(self.pool, per_rank, "timing", limits.time_s)
         self.pool.take_events()
         probability = min(1.0, self.checks.timed_checks / max(1, self.config.timing.iters))
@@ -514,7 +527,7 @@ class _Evaluation:
                 self.pool.kill()  # nothing when closed already
             if self.ext_files is not None:
                 self.ext_files.close()
-            shutil.rmtree(self.folder, ignore_errors=True)
+            remove_private(self.folder)
             self.stages["teardown"] = time.perf_counter() - teardown
 
 
@@ -558,13 +571,13 @@ def evaluate(
         issue = requirements.environment_issue(problem, ev.path, device)
     except Exception as exc:  # noqa: BLE001 - it reads the candidate's source: a source it chokes on is the candidate's
         ev.failure = unexpected_failure(exc, "compile")
-        shutil.rmtree(ev.folder, ignore_errors=True)
+        remove_private(ev.folder)
         return ev.result()
     if issue:
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment",
                              infra_cause="environment")
         ev.evidence["environment_issue"] = issue
-        shutil.rmtree(ev.folder, ignore_errors=True)
+        remove_private(ev.folder)
         return ev.result()
     phase, started = "compile", time.perf_counter()
     try:

@@ -88,6 +88,22 @@ class IntegrityConfig:
     # the scheduler alone put more than 2 ms between them (a false timing_inconsistent, 2026-12-01). What
     # hides 10 ms a call (tests/exploits/scale_reported_times.py) is still caught.
     unexplained_margin_ms: float = _knob(5.0, "the margin of unexplained_ratio", ge=0)
+    # The sandbox's resource limits (harness.sandbox.limits), per rank: a sandbox holds the W ranks of one
+    # evaluation and gets W times each. Going over is the candidate's runtime_error, naming the limit.
+    # Memory: the largest need known is PKB's 68 and 77 at their base shapes (13-16 GiB a rank, docs/pkb.md);
+    # this project's largest input is 1 GiB a rank (all_reduce's `1gib` shape), and the CPU kernels' shared
+    # mappings in /dev/shm take 2 W times a rank's input. 32 GiB a rank leaves twice the largest need.
+    rank_memory_bytes: int = _knob(32 << 30, "host memory per rank: the sandbox's processes together, its "
+                                             "/dev/shm and /tmp included, get W times this (device memory is "
+                                             "not limited)", ge=256 << 20)
+    rank_shm_bytes: int = _knob(8 << 30, "size of the sandbox's /dev/shm per rank (the CPU kernels map their "
+                                         "exchange buffers there: 2 W times a rank's input)", ge=1 << 20)
+    rank_tmp_bytes: int = _knob(1 << 30, "size of the sandbox's /tmp per rank (TMPDIR points into the scratch)",
+                                ge=1 << 20)
+    rank_scratch_bytes: int = _knob(32 << 30, "bytes the sandbox's scratch and extension folders may hold per "
+                                              "rank, the inputs the harness copies in included", ge=64 << 20)
+    rank_scratch_files: int = _knob(50_000, "files and folders the sandbox's scratch and extension folders may "
+                                            "hold per rank", ge=100)
 
     @classmethod
     def for_device(cls, device: str) -> IntegrityConfig:

@@ -20,6 +20,7 @@ ranks that wait on each other (deadlock) from ranks that are busy (timeout).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -43,6 +44,14 @@ from harness.cache_dir import cache_root
 from harness.emulation import layout
 from harness.redaction import redact_bytes
 from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
+from harness.sandbox.limits import SandboxLimits
+from harness.sandbox.memory import MemoryCgroup, sweep_orphans
+from harness.sandbox.namespace import children as _children
+from harness.sandbox.namespace import pid_namespace_members as _pid_namespace_members
+from harness.sandbox.namespace import sandbox_init as _sandbox_init
+from harness.sandbox.policy import SANDBOX_UID
+from harness.sandbox.private import OWNER_FILE, hand_over, private_folder, private_root_path, remove_private
+from harness.sandbox.watch import SandboxWatch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,11 +71,13 @@ class PoolError(RuntimeError):
 
 
 class RankMisbehaved(RuntimeError):
-    """A rank broke a limit of its sandbox (output volume, process count): the candidate's failure."""
+    """A rank broke a limit of its sandbox (output volume, process count, memory, tmpfs, scratch): the
+    candidate's failure. `evidence`: the limits in force and what was measured, where known."""
 
-    def __init__(self, rank: int | None, message: str) -> None:
+    def __init__(self, rank: int | None, message: str, evidence: str = "") -> None:
         super().__init__(message)
         self.rank = rank
+        self.evidence = evidence
 
 
 class Hang(RuntimeError):
@@ -88,7 +99,6 @@ class Hang(RuntimeError):
 # owner (pid and process start time, so a recycled pid is not mistaken for it) and, on start, removes
 # the folders whose owner is gone.
 FOLDER_PREFIX = "pkb-pool-"
-OWNER_FILE = "owner"
 # Every rank of a pool, and so everything a rank starts, carries POOL_MARKER=<random hex> in its
 # environment; the owner file keeps it, so what outlived a killed harness can be found too.
 POOL_MARKER = "PKB_POOL"
@@ -121,11 +131,18 @@ def _owner_alive(identity: str) -> bool:
 
 
 def reap_stale_folders(root: Path | None = None, now: float | None = None) -> list[Path]:
-    """Remove pool folders under `root` (the temp folder) whose owning harness process is gone, and end
-    the processes that pool's ranks left behind."""
+    """Remove the harness's folders under `root` (default: every folder of the private root, and pool
+    folders in TMPDIR, where older versions kept them) whose owning harness process is gone, and end the
+    processes that a pool's ranks left behind."""
     removed = []
     now = time.time() if now is None else now
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+    if root is None:
+        sweep_orphans()  # the memory cgroups of sandboxes whose harness was killed
+    # In the private root every folder is the harness's (evaluations' too: a killed one leaves its copy of
+    # the candidate and the reference's outputs); elsewhere only pool folders are.
+    private = private_root_path()
+    roots = [root] if root is not None else [private, Path(tempfile.gettempdir())]
+    for folder in [f for r in roots for f in r.glob("*" if r == private else f"{FOLDER_PREFIX}*")]:
         marker = None
         try:
             # Not followed, never blocking, bounded: without a sandbox a candidate could have planted it.
@@ -149,6 +166,9 @@ def reap_stale_folders(root: Path | None = None, now: float | None = None) -> li
                 channel.kill_marked(marker)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
+    if root is None:
+        with contextlib.suppress(OSError):  # not empty: live evaluations' folders are in it
+            private.rmdir()
     return removed
 
 
@@ -187,28 +207,6 @@ def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
-def _pid_namespace_members(host_pid: int) -> list[int]:
-    """Host pids of the live processes in the PID namespace of `host_pid`; empty when that namespace is
-    this process's own (never the whole machine's processes, whatever pid it is given)."""
-    try:
-        target = os.readlink(f"/proc/{host_pid}/ns/pid")
-        if target == os.readlink("/proc/self/ns/pid"):
-            return []
-    except OSError:
-        return []
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z" and os.readlink(entry / "ns" / "pid") == target:
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
-
-
 def _inner_pids(host_pid: int) -> list[int]:
     """The NSpid chain of a process: its pid as seen from each nested PID namespace, outermost first."""
     try:
@@ -220,25 +218,6 @@ def _inner_pids(host_pid: int) -> list[int]:
     return []
 
 
-def _sandbox_init(bwrap_pid: int) -> int | None:
-    """The host pid of the init of a sandbox's PID namespace (bwrap's child), or None when it is gone or
-    is not in a namespace of its own."""
-    for child in _children(bwrap_pid):
-        try:
-            if os.readlink(f"/proc/{child}/ns/pid") != os.readlink("/proc/self/ns/pid"):
-                return child
-        except OSError:
-            continue
-    return None
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
 class RankPool:
     """W worker processes joined in one process group, with a sealed reply channel. Use as a context
     manager."""
@@ -248,7 +227,8 @@ class RankPool:
                  gpus: list[int] | None = None, rank_prefix: dict[int, list[str]] | None = None,
                  role: str = "trusted", extensions: Path | None = None, output_cap: int = OUTPUT_CAP,
                  fsize_limit: int = 16 << 30, nofile_limit: int = 16384,
-                 sandbox: bool = True, visible: tuple[Path, ...] = (), ranks_per_gpu: int = 1) -> None:
+                 sandbox: bool = True, visible: tuple[Path, ...] = (), ranks_per_gpu: int = 1,
+                 sandbox_limits: SandboxLimits | None = None) -> None:
         """`gpus`: physical GPU indices, one per rank (default: 0..W-1), exported as CUDA_VISIBLE_DEVICES
         so rank r sees its GPU as cuda:r and two pools on disjoint GPU sets never collide.
         `rank_prefix`: a command to wrap one rank's process with (e.g. a profiler), keyed by rank.
@@ -256,9 +236,12 @@ class RankPool:
         `extensions`: the folder mounted as the sandbox's torch extension folder (candidate pools).
         `sandbox=False` runs a candidate pool without its sandbox (Nsight Compute needs the GPU's
         performance counters, which a user namespace cannot reach); the record says so.
-        `visible`: folders a sandbox must see (read-only) even under /tmp: the candidate's, a checkout.
+        `visible`: files or folders a sandbox must see read-only: the candidate's copy, a problem's file or
+        checkout (harness.sandbox.mounts binds the rest from facts).
         `ranks_per_gpu` > 1: ranks share GPUs (gpus may then repeat), join gloo, and a candidate pool's
-        ranks get harness.emulation's symmetric memory."""
+        ranks get harness.emulation's symmetric memory.
+        `sandbox_limits`: memory, tmpfs and scratch limits of a sandboxed pool (default: the integrity
+        settings' defaults for W ranks)."""
         if role not in ("trusted", "candidate"):
             raise ValueError(f"unknown pool role {role!r}")
         self.world_size = world_size
@@ -282,12 +265,16 @@ class RankPool:
             self.sandbox = SandboxInfo("none", reason="asked to run unsandboxed (Nsight Compute profiling)")
         else:
             self.sandbox = probe()
+        self.sandbox_limits = sandbox_limits or SandboxLimits.for_ranks(world_size)
         self.ranks: list[_Rank] = []
-        self.tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.folder: Path | None = None  # under the private root: owner file, sandbox log, scratch
         self.scratch: Path | None = None
         # The scratch held open from before any rank started: the one way the harness touches what the
         # ranks wrote there (harness.hostile_files).
         self.scratch_files: hostile_files.Folder | None = None
+        self._policy: SandboxPolicy | None = None
+        self._cgroup: MemoryCgroup | None = None
+        self._watch: SandboxWatch | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._status_fd: int | None = None
         self._status_buffer = b""
@@ -317,12 +304,9 @@ class RankPool:
         """Start the processes; wait_ready() waits for them. Between the two the harness may do other work."""
         self._started_at = time.perf_counter()
         reap_stale_folders()
-        self.tmp = tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX)
-        folder = Path(self.tmp.name)
+        self.folder = folder = private_folder(FOLDER_PREFIX)
         (folder / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
-        self.scratch = folder / "scratch"
-        for sub in ("", "tmp", "cache"):
-            (self.scratch / sub).mkdir(exist_ok=True)
+        self.scratch = self._make_scratch(folder / "scratch")
         self.scratch_files = hostile_files.Folder.open(self.scratch)
         child_fds: list[int] = []
         entries = []
@@ -358,18 +342,93 @@ class RankPool:
             if self.sandboxed:
                 if self.extensions is not None:
                     env["TORCH_EXTENSIONS_DIR"] = EXT_MOUNT
-                policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions, hide=(cache_root(),),
-                                       gpus=self.device == "cuda", visible=self.visible)
-                command = policy.bwrap_command(command, REPO_ROOT)
+                self._policy = SandboxPolicy(scratch=self.scratch, extensions=self.extensions, hide=(cache_root(),),
+                                             gpus=self.device == "cuda", visible=self.visible,
+                                             limits=self.sandbox_limits, info=self.sandbox)
+                command = self._policy.bwrap_command(command, REPO_ROOT)
+                self._cgroup = MemoryCgroup.create(folder.name, self.sandbox_limits.memory_bytes)
+                if self._cgroup is not None:
+                    command = self._cgroup.join_command(command)
             elif self.extensions is not None:
                 env["TORCH_EXTENSIONS_DIR"] = str(self.extensions)
         with open(folder / "sandbox.log", "wb") as sandbox_log:
             self.proc = subprocess.Popen(command, pass_fds=child_fds, stdin=subprocess.DEVNULL, stdout=sandbox_log,
                                          stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT),
                                          start_new_session=True)
+        if self._policy is not None:
+            watched = [self.scratch, *([self.extensions] if self.extensions is not None else [])]
+            self._watch = SandboxWatch(self.sandbox_limits, self.proc.pid, watched, kill=self._kill_sandbox,
+                                       cgroup=self._cgroup, names=self._rank_name).start()
         for fd in child_fds:
             os.close(fd)
         return self
+
+    @property
+    def _host_uid_switch(self) -> bool:
+        return self.sandboxed and self.sandbox.host_uid_switch
+
+    def _give_to_sandbox(self, path: Path) -> None:
+        """Make `path` (and what is in it) the sandbox's uid's, where ranks run as their own uid on the host."""
+        if self._host_uid_switch:
+            hand_over(path, SANDBOX_UID)
+
+    def _make_scratch(self, scratch: Path) -> Path:
+        """The scratch folder and the candidate's own folders in it (TMPDIR, caches, HOME). Where ranks run as
+        another uid, the scratch stays the harness's (sticky, writable by all: ranks create files in it but
+        cannot remove or replace what the harness made) and those folders are the ranks'."""
+        scratch.mkdir(mode=0o700)
+        if self._host_uid_switch:
+            os.chmod(scratch, 0o1777)
+        for sub in ("tmp", "cache", "home"):
+            (scratch / sub).mkdir(mode=0o700)
+            self._give_to_sandbox(scratch / sub)
+        if self.extensions is not None:
+            self._give_to_sandbox(self.extensions)
+        return scratch
+
+    def exchange_dir(self, name: str, writable: bool) -> Path:
+        """A folder of the scratch for files the harness and the ranks exchange, made before any candidate code
+        runs (so none can have put a link in its place). `writable`: the ranks write into it (outputs); else
+        only the harness does (inputs), and where ranks run as another uid they cannot."""
+        assert self.scratch is not None
+        path = self.scratch / name
+        path.mkdir(mode=0o755 if not writable else 0o700)
+        if writable:
+            self._give_to_sandbox(path)
+        return path
+
+    def _rank_name(self, pid: int) -> str:
+        named = [r.rank for r in self.ranks if r.host_pid == pid]
+        return f"rank {named[0]}" if named else f"process {pid}"
+
+    def _kill_sandbox(self) -> None:
+        """From the watch's thread: end the sandbox (bwrap's group; its PID namespace dies with it). The
+        harness's thread then finds the ranks gone and the watch's reason."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _limit_reached(self, failed: bool) -> None:
+        """Raise RankMisbehaved naming the sandbox's limit when the watch killed the sandbox, or when ranks
+        failed (`failed`) and a limit explains it (a full tmpfs, the cgroup's OOM kill)."""
+        if self._watch is None or self._keys is None:
+            return  # no candidate code ran before the channel was sealed
+        reason = self._watch.breach or (self._watch.explain() if failed else None)
+        if reason:
+            measured = {"limits": self.sandbox_limits.record(), "peak_memory_bytes": self._watch.peak_bytes,
+                        "memory": self._cgroup.record() if self._cgroup is not None else {"backend": "watchdog"}}
+            raise RankMisbehaved(None, reason, evidence=json.dumps(measured))
+
+    def record(self) -> dict[str, Any]:
+        """integrity.sandbox: the sandbox in force, its uid model, what it bound, its limits and how memory was
+        limited (a cgroup or the watchdog)."""
+        if self._policy is None:
+            return self.sandbox.record()
+        out = self._policy.record(REPO_ROOT)
+        out["memory"] = self._cgroup.record() if self._cgroup is not None else {"backend": "watchdog"}
+        return out
 
     def _placement(self) -> tuple[str | None, list[int]]:
         """(CUDA_VISIBLE_DEVICES for the pool, each rank's device index under it). Physical GPUs one per
@@ -483,6 +542,8 @@ class RankPool:
         Sandboxed: SIGKILL of bwrap takes its init with it (--die-with-parent), and the kernel then ends
         every process of the sandbox's PID namespace. Unsandboxed: the launcher's session, then every
         process carrying the pool's marker (what called setsid)."""
+        if self._watch is not None:
+            self._watch.stop()
         proc = self.proc
         if proc is not None:
             init = _sandbox_init(proc.pid) if self.sandboxed else None
@@ -504,6 +565,9 @@ class RankPool:
                     except (ProcessLookupError, PermissionError):
                         pass
             channel.kill_marked(self._marker)
+        if self._cgroup is not None:
+            self._cgroup.remove()  # and with it whatever is still in it
+            self._cgroup = None
         for r in self.ranks:
             for conn in (r.requests, r.replies):
                 try:
@@ -521,7 +585,7 @@ class RankPool:
             except OSError:
                 pass
             self._status_fd = None
-        if self.keep_logs is not None and self.tmp is not None:
+        if self.keep_logs is not None and self.folder is not None:
             self.keep_logs.mkdir(parents=True, exist_ok=True)
             for r in self.ranks:
                 hostile_files.replace_file(self.keep_logs / f"rank{r.rank}.log", redact_bytes(bytes(r.log)))
@@ -532,9 +596,9 @@ class RankPool:
             self.scratch_files = None
         self._keys = None
         self._buffers = {}
-        if self.tmp is not None:
-            self.tmp.cleanup()
-            self.tmp = None
+        if self.folder is not None:
+            remove_private(self.folder)
+            self.folder = None
 
     # -- requests -------------------------------------------------------------------------------
     def request(self, message: dict[str, Any] | dict[int, dict[str, Any]], timeout: float,
@@ -548,6 +612,7 @@ class RankPool:
         collective); RankMisbehaved when a rank breaks a limit of its sandbox. A rank that reported a
         native build starting (a build inside a call) gets up to `build_allowance` seconds from then.
         """
+        self._limit_reached(failed=False)  # the watch ended the sandbox between two requests
         if not self.alive:
             raise PoolError("the rank pool is not running")
         per_rank = message if _keyed_by_rank(message) else None
@@ -592,6 +657,7 @@ class RankPool:
                 if builds and not any(not rep.get("ok") for rep in replies.values()):
                     remaining = min(builds) + build_allowance - time.monotonic()
                 if remaining <= 0:
+                    self._limit_reached(failed=True)  # ranks stuck because a full /dev/shm failed a peer
                     raise Hang(missing, replies, timeout, self.stacks())
             pending = [r.replies for r in self.ranks if r.rank not in replies]
             # The ranks' output and event pipes are read while waiting, so a rank that writes a lot
@@ -607,9 +673,11 @@ class RankPool:
                 r = by_conn[cast(Connection, item)]  # wait() returns what it was given: these, and the fds above
                 take(r, self._read_sealed(r) if self._keys is not None else self._read_startup(r))
             self._watch_processes()
+            self._limit_reached(failed=False)
         for r in self.ranks:
             self._drain(r, "log")
             self._drain(r, "events")
+        self._limit_reached(failed=any(not reply.get("ok") for reply in replies.values()))
         return replies
 
     def _drain(self, r: _Rank, kind: str) -> None:
@@ -822,9 +890,9 @@ class RankPool:
         for r in self.ranks:
             self._drain(r, "log")
         sandbox = ""
-        if self.tmp is not None:
+        if self.folder is not None:
             try:  # the launcher's output: what ranks can reach of it is bounded here, never read whole
-                sandbox = hostile_files.read_tail(Path(self.tmp.name) / "sandbox.log", 2000).decode(errors="replace")
+                sandbox = hostile_files.read_tail(self.folder / "sandbox.log", 2000).decode(errors="replace")
             except (OSError, hostile_files.HostileFile):
                 pass
         text = "\n".join(f"[rank {r.rank} log]\n{self._log_tail(r)}" for r in self.ranks if r.rank in ranks)

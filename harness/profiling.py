@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import threading
@@ -455,24 +454,28 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     # Parent side only: the rank workers import this module and need neither the builds nor the pools.
     from harness.compile import compile_candidate, private_copy, visible_for
     from harness.pool import PoolError, RankPool
+    from harness.sandbox.private import private_folder, remove_private, stage_file
 
     started = time.perf_counter()
     notes: list[str] = []
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape, "candidate": None}
     entry = None
+    # The candidate runs here too: in its sandbox, like in an evaluation (a timeline decides nothing, but
+    # its code is as hostile as ever); the ranks import a read-only copy, never its own folder.
+    folder = private_folder("pkb-profile-")
+    copy = None
     if candidate is not None:
         candidate = Path(candidate).resolve()
         built = compile_candidate(candidate, 180.0, device, problem=problem.loader_spec)
         if not built.ok:
+            remove_private(folder)
             raise ProfileError(built.message, built.verdict, built.evidence)
-        base["candidate"] = str(candidate)
+        copy = stage_file(candidate.read_bytes(), candidate.name, folder / "code")
+        base["candidate"] = str(copy)
         entry = built.extensions
-    # The candidate runs here too: in its sandbox, like in an evaluation (a timeline decides nothing, but
-    # its code is as hostile as ever).
-    folder = Path(tempfile.mkdtemp(prefix="pkb-profile-"))
-    pool = RankPool(world_size, device, role="candidate" if candidate is not None else "trusted",
-                    extensions=private_copy(entry, folder / "extensions") if candidate is not None else None,
-                    visible=visible_for(candidate, problem.loader_spec) if candidate is not None else ())
+    pool = RankPool(world_size, device, role="candidate" if copy is not None else "trusted",
+                    extensions=private_copy(entry, folder / "extensions") if copy is not None else None,
+                    visible=visible_for(copy, problem.loader_spec) if copy is not None else ())
     try:
         pool.start()
         if candidate is not None:
@@ -486,7 +489,7 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
         raise ProfileError(str(err)) from err
     finally:
         pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_private(folder)
     try:
         ranks, slowest, skew = merge(replies)
     except (KeyError, TypeError, ValueError) as err:  # a reply is a claim: one that is not a profile is a failure

@@ -5,7 +5,7 @@ sandbox), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import pickle
 import shutil
@@ -32,6 +32,8 @@ from harness.problem import load_problem
 from harness.rank.tripwires import Guard
 from harness.registry import get, load_suite
 from harness.sandbox import SandboxPolicy, probe
+from harness.sandbox.memory import memory_cgroup_parent
+from harness.sandbox.private import stage_file
 from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
 
@@ -157,6 +159,12 @@ def _spawning_candidate(folder: Path, token: str, popen_argument: str) -> Path:
     return candidate
 
 
+def _staged(candidate: Path) -> Path:
+    """The candidate as an evaluation hands it to its ranks: a read-only copy in a folder of its own (the
+    test's tmp_path is 0700, closed to the ranks' uid when the harness runs as root)."""
+    return stage_file(candidate.read_bytes(), candidate.name, candidate.parent / "staged")
+
+
 def _load(pool: RankPool, problem, candidate: Path) -> None:
     assert all(r["ok"] for r in pool.request({"op": "setup", "problem": problem.loader_spec}, timeout=60))
     replies = pool.request({"op": "load_candidate", "candidate": str(candidate), "params": 1}, timeout=60)
@@ -173,8 +181,8 @@ def test_killing_a_pool_ends_what_its_candidate_started_outside_its_ranks(all_re
                         "(tests/exploits/README.md): that is what the sandbox is for")
         monkeypatch.setenv("PKB_SANDBOX", "off")
     token = f"pkb-test-sleeper-{os.getpid()}-{escape}"
-    candidate = _spawning_candidate(tmp_path, token, ESCAPES[escape])
-    pool = RankPool(2, "cpu", role="candidate", visible=(tmp_path,)).start()
+    candidate = _staged(_spawning_candidate(tmp_path, token, ESCAPES[escape]))
+    pool = RankPool(2, "cpu", role="candidate", visible=(candidate.parent,)).start()
     try:
         assert pool.sandboxed == sandboxed
         _load(pool, all_reduce, candidate)
@@ -218,9 +226,10 @@ def test_a_sandboxed_rank_sees_only_its_sandbox(all_reduce, tmp_path):
     """))
     os.environ["PKB_TEST_SECRET_API_KEY"] = "sk-not-for-candidates"
     try:
-        pool = RankPool(2, "cpu", role="candidate", visible=(tmp_path,)).start()
+        staged = _staged(candidate)
+        pool = RankPool(2, "cpu", role="candidate", visible=(staged.parent,)).start()
         try:
-            _load(pool, all_reduce, candidate)
+            _load(pool, all_reduce, staged)
             seen = __import__("json").loads((pool.scratch / "seen.json").read_text())
         finally:
             pool.kill()
@@ -230,20 +239,31 @@ def test_a_sandboxed_rank_sees_only_its_sandbox(all_reduce, tmp_path):
     assert seen["env"] == []  # the harness's secrets stay outside
     assert seen["uid"] != 0 and int(seen["caps"], 16) == 0
     assert seen["interfaces"] == ["lo"]
-    assert [Path(p).name for p in seen["writable"]] == ["planted.txt"] and "scratch" in seen["writable"][0]
-    assert not (tmp_path / "planted.txt").exists() and not report.exists()
+    # Only the scratch, where HOME points too; never the candidate's folder, torch, or the real home.
+    assert len(seen["writable"]) == 2 and all("/scratch/" in p for p in seen["writable"]), seen["writable"]
+    assert not (staged.parent / "planted.txt").exists() and not (Path.home() / "planted.txt").exists()
+    assert not report.exists()
 
 
-def _native_candidate(folder: Path, name: str, source: str) -> Path:
+def _native_candidate(folder: Path, name: str, source: str, stuck: bool = False) -> Path:
     """A candidate whose import builds `source` as extension `name` (a plain shared library: quick to
-    build, no Python module or torch headers needed)."""
-    cpp = folder / f"{name}_{len(list(folder.iterdir()))}.cpp"
-    cpp.write_text(source)
-    path = cpp.with_suffix(".py")
+    build, no Python module or torch headers needed). The source is written at import into the
+    candidate's own temporary folder: its sandbox sees only its copy of the candidate file, nothing beside
+    it. `stuck`: the source first includes a FIFO nobody ever writes, so the compiler blocks for good."""
+    path = folder / f"{name}_{len(list(folder.iterdir()))}.py"
     path.write_text(textwrap.dedent(f"""
+        import os, tempfile
         from torch.utils.cpp_extension import load
 
-        load(name={name!r}, sources=[{str(cpp)!r}], is_python_module=False)
+        _cpp = os.path.join(tempfile.gettempdir(), {name + ".cpp"!r})
+        _header = ""
+        if {stuck!r}:
+            _fifo = os.path.join(tempfile.gettempdir(), "never.h")
+            os.mkfifo(_fifo)
+            _header = '#include "' + _fifo + '"\\n'
+        with open(_cpp, "w") as _f:
+            _f.write(_header + {source!r})
+        load(name={name!r}, sources=[_cpp], is_python_module=False)
 
         def solution(x):
             return x.clone()
@@ -259,28 +279,23 @@ def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_nam
     build lock goes; without that, the next build of an extension with that name waits on the lock
     until it, too, times out."""
     name = "pkb_test_stopped_build"
-    fifo = tmp_path / "never.h"
-    os.mkfifo(fifo)
-    stuck = _native_candidate(tmp_path, name, f'#include "{fifo}"\nextern "C" int answer() {{ return 1; }}\n')
+    stuck = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 1; }\n', stuck=True)
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(a=compile_candidate(stuck, 15.0, "cpu")))
     worker.start()
-    writer = None  # held open, never written: the compiler's read of the header blocks, without EOF
-    while writer is None and worker.is_alive():
-        try:
-            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as err:
-            assert err.errno == errno.ENXIO  # no reader yet: the compiler has not reached the include
-            time.sleep(0.1)
+    compiling = False  # the compiler itself was seen running on the source (not a build that failed early)
+    while worker.is_alive():
+        for pid in processes_mentioning(f"{name}.cpp", wait_s=0):
+            with contextlib.suppress(OSError):
+                compiling = compiling or b"ninja" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        time.sleep(0.2)
     worker.join()
-    if writer is not None:
-        os.close(writer)
-    assert writer is not None, "the build ended before the compiler opened the header"
+    assert compiling, "the build ended before the compiler ran"
     stopped = outcome["a"]
     assert not stopped.ok and stopped.native and "did not finish within 15 s" in stopped.message
     assert name in stopped.cleanup["locks_removed"] and stopped.cleanup["processes_killed"] >= 1
     assert not (extensions_dir() / name / "lock").exists()
-    assert processes_mentioning(str(tmp_path)) == []  # the compiler, ninja, the precompile process
+    assert processes_mentioning(name) == []  # the compiler, ninja, the precompile process
 
     quick = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 2; }\n')
     built = compile_candidate(quick, 300.0, "cpu")
@@ -428,13 +443,14 @@ def test_the_folder_of_a_harness_killed_mid_run_is_removed_by_the_next_pool(tmp_
                           timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     rank_pids = [int(p) for p in done.stdout.split()]
-    left = list(tmp_path.glob("pkb-pool-*"))
+    private = tmp_path / f"pkb-{os.geteuid()}"  # the private root in that TMPDIR (harness.sandbox.private)
+    left = list(private.glob("pkb-pool-*"))
     assert len(left) == 1 and (left[0] / "owner").read_text().split()[0].isdigit()
     deadline = time.monotonic() + 30
     while any(pid_alive(p) for p in rank_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in rank_pids), "ranks outlived their killed harness"
-    assert reap_stale_folders(tmp_path) == left
+    assert reap_stale_folders(private) == left
     assert not left[0].exists()
 
 
@@ -497,12 +513,12 @@ def test_namespace_sweeps_never_reach_the_harness_namespace():
     """A pool sweeps the processes of its sandbox's PID namespace; asked about a process that lives in the
     harness's own namespace (bwrap after its sandbox died), it must answer with nothing, not with every
     process of the machine."""
-    from harness.pool import _pid_namespace_members, _sandbox_init
+    from harness.sandbox.namespace import pid_namespace_members, sandbox_init
 
-    assert _pid_namespace_members(os.getpid()) == []
+    assert pid_namespace_members(os.getpid()) == []
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        assert _sandbox_init(os.getpid()) is None  # its child lives in this namespace
+        assert sandbox_init(os.getpid()) is None  # its child lives in this namespace
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -513,6 +529,7 @@ def test_a_checkout_under_tmp_stays_importable_and_read_only_in_the_sandbox():
     # A CI runner or a scratch clone may keep the checkout under /tmp, which the sandbox replaces with an
     # empty one of its own: the code folders are mounted again, read-only, and /tmp's other folders stay hidden.
     with tempfile.TemporaryDirectory(dir="/tmp") as checkout, tempfile.TemporaryDirectory(dir="/tmp") as other:
+        os.chmod(checkout, 0o755)  # as a clone's folder is: ranks may run as another uid than the harness
         (Path(checkout) / "probe_module.py").write_text("VALUE = 42\n")
         (Path(other) / "secret.txt").write_text("another evaluation's file")
         script = textwrap.dedent(f"""
@@ -531,3 +548,238 @@ def test_a_checkout_under_tmp_stays_importable_and_read_only_in_the_sandbox():
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "read-only"
         assert not (Path(checkout) / "written.txt").exists()
+
+
+# -- what a rank can read, and its limits (issue 31) ------------------------------------------------
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the ranks' host uid differs from the harness's only "
+                                                          "when the harness runs as root")
+
+
+def _rank_log(logs: Path, rank: int = 0) -> str:
+    return (logs / f"rank{rank}.log").read_text(errors="replace")
+
+
+@needs_sandbox
+@needs_root
+def test_root_only_files_are_unreadable_from_a_rank(all_reduce, tmp_path, monkeypatch):
+    """A 0600 file in the harness user's home and /etc/shadow: a user namespace made by root would map the
+    rank to root and both would be readable; the rank runs as uid 65534 on the host, and the home is not
+    even in its sandbox."""
+    secret = Path.home() / f".pkb-test-private-{os.getpid()}"
+    secret.write_text("not for candidates")
+    os.chmod(secret, 0o600)
+    monkeypatch.setenv("PKB_TEST_PRIVATE_FILE", str(secret))
+    try:
+        logs = tmp_path / "logs"
+        result = evaluate(all_reduce, EXPLOITS / "read_root_files.py", world_size=2, log_dir=logs,
+                          config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True))
+    finally:
+        secret.unlink()
+    assert result.verdict == "correct", result.failure  # it answers wrong when any read works
+    assert str(secret) in _rank_log(logs) and "read: []" in _rank_log(logs)  # it tried, and failed
+    assert result.integrity["sandbox"]["uid"]["host"] == 65534
+    bound = result.integrity["sandbox"]["mounts"]["read_only"]
+    assert not [p for p in bound if Path.home() == Path(p) or Path(p) in Path.home().parents]  # home not bound
+
+
+@needs_sandbox
+@needs_root
+def test_a_root_only_file_bound_into_a_sandbox_is_still_unreadable():
+    """The uid alone, without the bind list's help: the 0600 file is bound on purpose, and the rank, uid
+    65534 on the host with no capability, cannot open it (a user namespace made by root could)."""
+    secret = Path.home() / f".pkb-test-private-{os.getpid()}"
+    secret.write_text("not for candidates")
+    os.chmod(secret, 0o600)
+    try:
+        policy = SandboxPolicy(scratch=None, visible=(secret,))
+        script = f"import os\ntry:\n    open({str(secret)!r}).read()\nexcept OSError as e:\n    print(e.strerror)\n" \
+                 "print(os.getresuid())"
+        done = subprocess.run(policy.bwrap_command([sys.executable, "-c", script], Path.cwd()), capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        secret.unlink()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["Permission denied", "(65534, 65534, 65534)"], done.stdout
+
+
+@needs_sandbox
+@pytest.mark.parametrize("where", ["tmpdir_elsewhere", "candidate_inside_tmpdir", "tmpdir_inside_the_checkout"])
+def test_reference_outputs_are_out_of_a_rank_s_sight_whatever_tmpdir_is(all_reduce, tmp_path, monkeypatch, where):
+    """TMPDIR outside /tmp (the sandbox's /tmp is its own, so /tmp alone proves nothing), the candidate
+    file saved in TMPDIR itself, TMPDIR inside the checkout (which is bound: TMPDIR is masked there): the
+    evaluation's folder (every trial's inputs, the reference's outputs) must stay invisible. Before the
+    private root, the exploit found it in the first two and was judged correct."""
+    parent = Path(__file__).resolve().parent.parent if where == "tmpdir_inside_the_checkout" else (
+        Path("/var/tmp") if os.path.isdir("/var/tmp") else None)
+    tmpdir = Path(tempfile.mkdtemp(prefix=".pkb-test-tmpdir-", dir=parent))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+        monkeypatch.setenv("PKB_TEST_HARNESS_TMPDIR", str(tmpdir))
+        os.chmod(tmpdir, 0o755)  # a TMPDIR others may walk: only the private root's own mode keeps them out
+        candidate = EXPLOITS / "read_reference_outputs.py"
+        if where == "candidate_inside_tmpdir":
+            candidate = Path(shutil.copy(candidate, tmpdir / candidate.name))
+        logs = tmp_path / "logs"
+        result = evaluate(all_reduce, candidate, world_size=2, log_dir=logs,
+                          config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True))
+        assert result.verdict == "output_mismatch", result.failure
+        assert "reference folders seen: []" in _rank_log(logs)
+        left = [p.name for p in tmpdir.iterdir() if p.name != candidate.name]
+        assert left == [], f"the evaluation left {left} in TMPDIR"
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sandboxed", [pytest.param(True, marks=needs_sandbox), False])
+def test_a_solution_saved_directly_in_tmp_is_judged(all_reduce, monkeypatch, sandboxed):
+    """Issue 29: a file directly in /tmp was invisible under the sandbox's own /tmp (import failed). The
+    ranks import the evaluation's copy, wherever the file was."""
+    if not sandboxed:
+        monkeypatch.setenv("PKB_SANDBOX", "off")
+    solution = Path(f"/tmp/pkb-test-solution-{os.getpid()}.py")
+    shutil.copy(Path(__file__).parent / "candidates" / "correct_all_gather_sum.py", solution)
+    try:
+        result = evaluate(all_reduce, solution, world_size=2,
+                          config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True))
+    finally:
+        solution.unlink()
+    assert result.verdict == "correct", result.failure
+    assert result.candidate.path == str(solution)  # the record names the user's file, not the copy
+    assert result.integrity["sandbox"]["backend"] == ("bwrap" if sandboxed else "none")
+
+
+@needs_sandbox
+def test_memory_over_the_limit_is_caught_by_the_watchdog_without_a_cgroup(all_reduce, monkeypatch):
+    """Where no cgroup can be made (an ordinary user, a container), the harness's watchdog reads the
+    sandbox's memory from outside and ends it: the same verdict, naming the same limit."""
+    monkeypatch.setattr("harness.pool.MemoryCgroup.create", lambda name, limit: None)
+    result = evaluate(all_reduce, EXPLOITS / "memory_hog.py", world_size=2,
+                      config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
+                      integrity_config={"rank_memory_bytes": 1 << 30})
+    assert result.verdict == "runtime_error" and result.failure.phase == "check", result.failure
+    assert "rank_memory_bytes" in result.failure.message and "over its limit" in result.failure.message
+    assert result.integrity["sandbox"]["memory"] == {"backend": "watchdog"}
+    assert live_children() == []
+
+
+@needs_sandbox
+def test_a_compile_stage_over_its_memory_limit_is_the_candidate_s_failure(all_reduce, tmp_path):
+    """The compile stage imports the candidate in a sandbox too (a candidate that builds native code): its
+    limits hold there, and going over is the candidate's failure, not a build that 'passed'."""
+    candidate = tmp_path / "hog_at_import.py"
+    candidate.write_text(textwrap.dedent("""
+        import time
+        import torch
+        from torch.utils.cpp_extension import load_inline  # it builds native code: compiled in a sandbox
+
+        _held = []
+        for _ in range(40):
+            _held.append(torch.ones(64 << 20, dtype=torch.uint8))
+            time.sleep(0.02)
+
+        def solution(x):
+            return x.clone()
+    """))
+    result = evaluate(all_reduce, candidate, world_size=2,
+                      config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
+                      integrity_config={"rank_memory_bytes": 1 << 30})
+    assert result.verdict == "runtime_error" and result.failure.phase == "compile", result.failure
+    assert "rank_memory_bytes" in result.failure.message
+    assert live_children() == []
+
+
+def test_the_private_root_refuses_a_folder_others_can_enter_or_a_link(tmp_path, monkeypatch):
+    """In a shared TMPDIR someone else may have made `pkb-<uid>` first, or left a link there: the harness
+    refuses it rather than keep its evaluations' folders where another user can reach them."""
+    from harness.sandbox.private import PrivateRootUnsafe, private_folder, private_root, remove_private
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"pkb-{os.geteuid()}"
+    folder = private_folder("pkb-eval-")
+    assert folder.parent == root and root.stat().st_mode & 0o777 == 0o700
+    remove_private(folder)
+    assert not root.exists()  # removed once empty: an evaluation leaves nothing in TMPDIR
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    with pytest.raises(PrivateRootUnsafe, match="mode 0700"):
+        private_root()
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    root.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PrivateRootUnsafe):
+        private_root()
+
+
+def test_the_bind_list_refuses_the_home_and_shared_temp_and_masks_what_a_code_folder_holds(tmp_path, monkeypatch):
+    """sys.path may name anything: `/`, the home folder, /tmp, a folder holding TMPDIR (and with it every
+    evaluation's folder). None of them is bound whole; a folder holding TMPDIR is bound with TMPDIR masked,
+    and the scratch under it is bound again on top, its way there walkable by another uid (0755)."""
+    from harness.sandbox import mounts
+
+    work = tmp_path / "work"
+    tmpdir = work / "tmp"
+    scratch = tmpdir / f"pkb-{os.geteuid()}" / "pkb-pool-x" / "scratch"
+    scratch.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
+    monkeypatch.setattr(sys, "path", ["/", str(Path.home()), "/tmp", str(work), *sys.path])
+    layout = mounts.plan(cwd=Path.cwd(), visible=(), hide=(), scratch=scratch, extensions=None,
+                         ext_mount="/tmp/ext", gpus=False, tmp_bytes=1 << 20, shm_bytes=1 << 20)
+    assert {"/", str(Path.home()), "/tmp"} <= set(layout.refused)
+    bound = [m.dest for m in layout.mounts if m.kind == "ro"]
+    assert str(work) in bound and not [p for p in bound if p in ("/", "/tmp", str(Path.home()))]
+    assert str(tmpdir) in layout.masked
+    args = mounts.bwrap_args(layout, perms=True, sizes=True)
+    mask_at = args.index(str(tmpdir), args.index("--tmpfs", args.index(str(work))))
+    scratch_at = args.index("--bind")
+    assert mask_at < scratch_at  # the scratch is bound on top of the mask
+    made = [args[i + 3] for i in range(len(args) - 3) if args[i:i + 3] == ["--perms", "0755", "--dir"]]
+    assert str(scratch.parent) in made and str(scratch.parent.parent) in made
+    assert f"{tmpdir}/pkb-{os.geteuid()}" in made
+
+
+@pytest.mark.skipif(memory_cgroup_parent() is None, reason="no memory cgroup can be made here (not root, or none "
+                                                             "delegated): the watchdog limits memory instead")
+def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_one_is_not():
+    """A harness killed with SIGKILL leaves its sandboxes' cgroups (and whatever is still in them); the next
+    pool's reaper removes those whose maker is gone, and leaves a live harness's alone."""
+    from harness.sandbox.memory import MemoryCgroup, sweep_orphans
+
+    maker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from harness.sandbox.memory import MemoryCgroup
+        group = MemoryCgroup.create("pkb-test-orphan", 1 << 30)
+        print(group.path, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    orphan = Path(maker.stdout.readline().strip())
+    inside = subprocess.Popen(MemoryCgroup(orphan, 1).join_command(["sleep", "600"]))
+    mine = MemoryCgroup.create("pkb-test-live", 1 << 30)
+    assert mine is not None
+    try:
+        maker.kill()
+        maker.wait()
+        assert orphan in sweep_orphans() and not orphan.exists()
+        assert inside.wait(timeout=30) == -signal.SIGKILL  # what was left in it ended with it
+        assert mine.path.exists()  # this process is alive: its cgroup stays
+    finally:
+        inside.kill()
+        inside.wait()
+        mine.remove()
+
+
+def test_an_evaluation_folder_whose_harness_was_killed_is_removed_by_the_next_pool(tmp_path, monkeypatch):
+    """Every folder of the private root names its maker: the reference's outputs and the candidate's copy
+    of a harness killed mid-evaluation go with the next pool's sweep; a live harness's stay."""
+    from harness.sandbox.private import private_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = subprocess.run([sys.executable, "-c", "from harness.sandbox.private import private_folder; "
+                           "print(private_folder('pkb-eval-'))"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path),
+                               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    orphan = Path(made.stdout.strip())
+    live = private_folder("pkb-eval-")
+    assert orphan.parent == live.parent and (orphan / "owner").exists()
+    assert reap_stale_folders() == [orphan]
+    assert live.exists() and not orphan.exists()
+    shutil.rmtree(live)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import glob
 import os
 import shutil
 import subprocess
@@ -12,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.redaction import SECRET_SUFFIXES, contains_secret
+from harness.sandbox import mounts
+from harness.sandbox.limits import SandboxLimits
 
 # Inside every sandbox, the folder torch builds extensions in. The same path in the compile stage's
 # sandbox and in the ranks' is what lets a rank reuse the compile stage's build: torch's build files
@@ -43,8 +44,9 @@ def clean_environment(env: dict[str, str], scratch: Path | None) -> dict[str, st
             if (k in _KEEP or k.startswith(_KEEP_PREFIXES)) and not any(w in k.upper() for w in _SECRET_WORDS)
             and not contains_secret(v, {s: env[s] for s in secrets})}  # a secret's value under another name
     if scratch is not None:
-        kept.update({"TMPDIR": str(scratch / "tmp"), "XDG_CACHE_HOME": str(scratch / "cache"),
-                     "TRITON_CACHE_DIR": str(scratch / "cache" / "triton"),
+        # HOME too: the real one is not in the sandbox, and nothing may look for a config or a key there.
+        kept.update({"HOME": str(scratch / "home"), "TMPDIR": str(scratch / "tmp"),
+                     "XDG_CACHE_HOME": str(scratch / "cache"), "TRITON_CACHE_DIR": str(scratch / "cache" / "triton"),
                      "TORCHINDUCTOR_CACHE_DIR": str(scratch / "cache" / "inductor"),
                      "CUPY_CACHE_DIR": str(scratch / "cache" / "cupy")})
     kept["PYTHONDONTWRITEBYTECODE"] = "1"  # the checkout is read-only; Python would skip the writes anyway
@@ -58,14 +60,23 @@ class SandboxInfo:
     backend: str  # "bwrap" or "none"
     version: str = ""
     reason: str = ""  # why "none" (empty for bwrap)
+    options: frozenset[str] = frozenset()  # the bubblewrap options this version has, of those used if present
+
+    @property
+    def host_uid_switch(self) -> bool:
+        """Whether ranks run as SANDBOX_UID on the host: the harness is root, and bubblewrap can make the
+        folders on the way to a mount point walkable by that uid (--perms)."""
+        return self.backend == "bwrap" and os.geteuid() == 0 and "--perms" in self.options
 
     @property
     def protections(self) -> list[str]:
         common = ["clean_environment", "rlimits:nofile,fsize,core", "output_cap", "process_count_watchdog"]
         if self.backend == "bwrap":
-            return ["pid_namespace", "user_namespace:uid65534,no_capabilities", "network_namespace:loopback_only",
-                    "ipc_namespace", "read_only_filesystem", "writable:scratch_only", "hidden:harness_cache",
-                    "die_with_parent", *common]
+            uid = (f"host_uid:{SANDBOX_UID},no_capabilities" if self.host_uid_switch
+                   else f"user_namespace:uid{SANDBOX_UID}_is_harness_uid{os.geteuid()},no_capabilities")
+            return ["pid_namespace", uid, "network_namespace:loopback_only", "ipc_namespace",
+                    "bound:only_what_ranks_need", "writable:scratch_only", "hidden:home,caches,tmpdir",
+                    "limits:memory,tmpfs,scratch", "die_with_parent", *common]
         return ["own_session", "pool_marker_sweep", *common]
 
     def record(self) -> dict[str, object]:
@@ -74,26 +85,42 @@ class SandboxInfo:
             out["version"] = self.version
         if self.reason:
             out["weaker_fallback"] = self.reason
+        if self.backend == "bwrap" and os.geteuid() == 0 and not self.host_uid_switch:
+            out["weaker_fallback"] = ("the harness runs as root and this bubblewrap lacks --perms: ranks are "
+                                      "root on the host, mapped to uid 65534 inside")
+        if self.backend == "bwrap" and "--size" not in self.options:
+            out["tmpfs_unbounded"] = "this bubblewrap lacks --size: /tmp and /dev/shm have no size limit"
         return out
 
 
+# Options used where the installed bubblewrap has them (0.5 added --perms, 0.7 --size).
+_OPTIONAL = ("--perms", "--size")
+
+
 @functools.lru_cache(maxsize=1)
-def _bwrap_works() -> tuple[str, str]:
-    """(version, "") when bubblewrap starts a sandbox with every namespace here, else ("", why not)."""
+def _bwrap_works() -> tuple[str, str, frozenset[str]]:
+    """(version, "", options) when bubblewrap starts a sandbox with every namespace, the uid model and the
+    mounts used for ranks, else ("", why not, options)."""
     exe = shutil.which("bwrap")
     if exe is None:
-        return "", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+        return "", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap", frozenset()
     try:
         version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-        trial = subprocess.run(
-            [exe, *SandboxPolicy(scratch=None).namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc",
-             "--dev", "/dev", "--", "/bin/sh", "-c", "exit 0"],
-            capture_output=True, text=True, timeout=30)
+        usage = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10)
+        options = frozenset(o for o in _OPTIONAL if o in usage.stdout + usage.stderr)
+        info = SandboxInfo("bwrap", version=version, options=options)
+        # The interpreter runs and the checkout reads as the sandbox's uid (a checkout in a folder only its
+        # owner may read would fail every rank, for a reason better said once, here).
+        check = [sys.executable, "-I", "-S", "-c", f"open({str(_REPO_ROOT / 'harness' / '__init__.py')!r}).close()"]
+        trial = subprocess.run(SandboxPolicy(scratch=None, info=info).bwrap_command(check, _REPO_ROOT),
+                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
-        return "", f"bubblewrap did not run: {err}"
+        return "", f"bubblewrap did not run: {err}", frozenset()
     if trial.returncode != 0:
-        return "", f"bubblewrap cannot make a sandbox here: {trial.stderr.strip()[:200]}"
-    return version, ""
+        hint = (f"; ranks run as uid {SANDBOX_UID}: the checkout, the interpreter and its packages must be "
+                f"readable by others (chmod -R o+rX)") if info.host_uid_switch and "Permission" in trial.stderr else ""
+        return "", f"bubblewrap cannot make a sandbox here: {trial.stderr.strip()[-300:]}{hint}", options
+    return version, "", options
 
 
 def probe() -> SandboxInfo:
@@ -102,71 +129,71 @@ def probe() -> SandboxInfo:
     setting = os.environ.get("PKB_SANDBOX", "auto").lower()
     if setting in ("off", "none", "0"):
         return SandboxInfo("none", reason=f"turned off by {os.environ.get(OFF_REASON_VAR) or 'PKB_SANDBOX=off'}")
-    version, why = _bwrap_works()
+    version, why, options = _bwrap_works()
     if version:
-        return SandboxInfo("bwrap", version=version)
+        return SandboxInfo("bwrap", version=version, options=options)
     if setting == "require":
         raise SandboxUnavailable(f"PKB_SANDBOX=require, but {why}")
     return SandboxInfo("none", reason=why)
 
 
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_DROP = Path(__file__).with_name("drop.py")
+
+
 @dataclass(frozen=True)
 class SandboxPolicy:
-    """One sandbox: the scratch folder (the only writable place), the extension build folder mounted at
-    EXT_MOUNT, the host paths to hide, whether GPUs are visible, and folders under /tmp that must stay
-    visible (read-only) although the sandbox's /tmp is its own: the candidate's folder, a checkout."""
+    """One sandbox: the scratch folder (the only writable place besides the extension build folder mounted at
+    EXT_MOUNT), paths to hide although a code folder holds them, whether GPUs are visible, what else it
+    must see read-only (a problem's file or checkout, the candidate's copy: harness.sandbox.mounts), the
+    sizes of its /tmp and /dev/shm, and the sandbox this process can make (`info`, probed when None)."""
 
     scratch: Path | None
     extensions: Path | None = None
     hide: tuple[Path, ...] = ()
     gpus: bool = False
     visible: tuple[Path, ...] = field(default=())
+    limits: SandboxLimits | None = None
+    info: SandboxInfo | None = None
 
-    @staticmethod
-    def namespace_args() -> list[str]:
-        return ["--die-with-parent", "--new-session", "--unshare-user", "--unshare-pid", "--unshare-net",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--uid", str(SANDBOX_UID),
-                "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+    def _info(self) -> SandboxInfo:
+        return self.info if self.info is not None else probe()
+
+    def namespace_args(self) -> list[str]:
+        common = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                  "--unshare-uts", "--unshare-cgroup-try"]
+        if self._info().host_uid_switch:
+            # No user namespace (root's would map the ranks to root): only what drop.py needs to leave uid 0.
+            return [*common, "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                    "--cap-add", "CAP_SETPCAP"]
+        return [*common, "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+
+    def layout(self, cwd: Path) -> mounts.Layout:
+        return mounts.plan(cwd=cwd, visible=self.visible, hide=self.hide, scratch=self.scratch,
+                           extensions=self.extensions, ext_mount=EXT_MOUNT, gpus=self.gpus,
+                           tmp_bytes=self.limits.tmp_bytes if self.limits else None,
+                           shm_bytes=self.limits.shm_bytes if self.limits else None)
 
     def bwrap_command(self, command: list[str], cwd: Path) -> list[str]:
+        info = self._info()
         exe = shutil.which("bwrap") or "bwrap"
-        args = [exe, *self.namespace_args(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-        if self.gpus:
-            for node in sorted(set(glob.glob("/dev/nvidia*")) | set(glob.glob("/dev/nvidia-caps/*"))):
-                if os.path.exists(node) and not os.path.isdir(node):
-                    args += ["--dev-bind", node, node]
-        shown = [folder for folder in (*self.visible, *code_folders(cwd))
-                 if folder.is_dir() and any(_under(folder, Path(t)) and folder.resolve() != Path(t).resolve()
-                                            for t in PRIVATE_TMP)]
-        for folder in shown:
-            args += ["--ro-bind", str(folder), str(folder)]
-        for hidden in self.hide:
-            # An empty tmpfs covers it; under /tmp it is hidden already unless a folder shown above holds it.
-            if hidden.exists() and (not _under(hidden, Path("/tmp")) or any(_under(hidden, f) for f in shown)):
-                args += ["--tmpfs", str(hidden)]
-        if self.scratch is not None:
-            args += ["--bind", str(self.scratch), str(self.scratch)]
-        if self.extensions is not None:
-            args += ["--bind", str(self.extensions), EXT_MOUNT]
-        return [*args, "--chdir", str(cwd), "--", *command]
+        binds = mounts.bwrap_args(self.layout(cwd), perms="--perms" in info.options, sizes="--size" in info.options)
+        if info.host_uid_switch:
+            command = [sys.executable, "-I", "-S", str(_DROP), str(SANDBOX_UID), str(SANDBOX_UID), *command]
+        return [exe, *self.namespace_args(), *binds, "--chdir", str(cwd), "--", *command]
 
-
-PRIVATE_TMP = ("/tmp", "/dev/shm")  # the sandbox's own, empty: what lies under them on the host is hidden
-
-
-def code_folders(cwd: Path) -> tuple[Path, ...]:
-    """What the sandbox's processes need to import the harness and its packages: the checkout (`cwd`), the
-    interpreter's prefixes and every folder on sys.path. A checkout or a virtual environment under /tmp
-    (a CI runner's, a scratch clone) would otherwise vanish under the private /tmp; these are mounted
-    read-only again (never /tmp itself, which would show other evaluations' folders)."""
-    found = [cwd, Path(sys.prefix), Path(sys.base_prefix), *(Path(p) for p in sys.path if p)]
-    return tuple(dict.fromkeys(p for p in found if p.is_absolute()))
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
+    def record(self, cwd: Path) -> dict[str, object]:
+        """integrity.sandbox: the protections, the uid model, what was bound and the limits."""
+        info = self._info()
+        out = info.record()
+        if info.backend != "bwrap":
+            return out
+        out["uid"] = ({"host": SANDBOX_UID, "inside": SANDBOX_UID, "how": "no user namespace; the sandbox's first "
+                       "program drops to this uid on the host, with no capability (harness/sandbox/drop.py)"}
+                      if info.host_uid_switch else
+                      {"host": os.geteuid(), "inside": SANDBOX_UID, "how": "a user namespace maps the inside uid to "
+                       "the harness's own: no more than that user may"})
+        out["mounts"] = self.layout(cwd).record()
+        if self.limits is not None:
+            out["limits"] = self.limits.record()
+        return out
