@@ -24,7 +24,6 @@ import dataclasses
 import hashlib
 import random
 import secrets
-import shutil
 import time
 import traceback
 from collections.abc import Iterator
