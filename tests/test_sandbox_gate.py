@@ -12,7 +12,7 @@ from agent.cli import main
 from harness.sandbox import OFF_REASON_VAR, policy
 from tests.conftest import CANDIDATES
 
-MISSING = ("", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+MISSING = ("", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap", frozenset())
 
 
 @pytest.fixture
