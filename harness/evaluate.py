@@ -47,6 +47,7 @@ from harness.problem import Problem
 from harness.rank import transport
 from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
+from harness.seeds import TIMING_TRIAL_BASE, fill_recipe
 
 
 class _Stop(Exception):
@@ -91,7 +92,7 @@ def _flags_of(replies: Any) -> list[str]:
 def reference_key(problem: Problem, shape: str, world_size: int, device: str, config: EvalConfig) -> str:
     return "|".join([problem.name, problem.source_sha256[:16], shape, str(world_size), device,
                      hardware_key(), config.timing_key(), str(config.seed), f"rpg{config.ranks_per_gpu}",
-                     "per-iteration-v2"])
+                     "per-iteration-v3-refill"])
 
 
 class _Evaluation:
@@ -121,6 +122,9 @@ class _Evaluation:
         self.pool: RankPool | None = None
         self.ext_copy: Path | None = None
         self.ext_entry: Path | None = None
+        self.seed = 0  # the run's seed mixed with the salt: only trusted processes ever hold it
+        self.plan: timing.Plan | None = None
+        self._timed_judged = 0  # judged calls of the timing phase so far
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
@@ -173,6 +177,10 @@ class _Evaluation:
         except RankMisbehaved as err:
             raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,
                                 message=str(err))) from err
+        for reply in replies:  # what a rank's tripwires named (a mode left active), beside its flag
+            if isinstance(reply.get("tripwire"), list):
+                self.evidence.setdefault("tripwire", {})[str(reply.get("rank"))] = [str(m)[:200] for m in
+                                                                                  reply["tripwire"][:8]]
         failed = [r for r in replies if not r.get("ok")]
         if failed:
             failure, extra = _failure_from(_first_failure(failed), phase)
@@ -251,7 +259,10 @@ class _Evaluation:
         self.reference.prepare_trials(schedule, seed)
         sets = None
         if not self.config.skip_timing:
-            sets = self.reference.prepare_sets(seed, self.config.timing, self.checks.fresh_iters)
+            self.plan = self.timing_plan()
+            sets = self.reference.prepare_sets(seed, self.config.timing, self.checks.fresh_iters, self.plan)
+            if not sets.refill:
+                self.plan = self.plan.without_refill()
         self.stages["reference"] = time.perf_counter() - started
         # The candidate's pool has been starting meanwhile; no candidate code is in it yet, and it stays
         # idle while the reference is timed.
@@ -270,18 +281,35 @@ class _Evaluation:
             key = reference_key(self.problem, self.shape, self.world_size, self.device, self.config)
             ref_stats = reference_cache.lookup(key) if self.config.use_reference_cache else None
             if ref_stats is None:
-                ref_stats = self.reference.time(self.config.timing, seed)
+                assert self.plan is not None
+                ref_stats = self.reference.time(self.config.timing, seed, self.plan)
                 reference_cache.store(key, ref_stats)
             self.stages["timing_reference"] = time.perf_counter() - started
         self.reference.close()
         return ref_stats
 
+    def timing_plan(self) -> timing.Plan:
+        """The timing phase's calls, drawn from the secret: which are judged, where the precision probes go.
+        Probes only where the correctness phase's probe could judge this problem; fewer judged calls where
+        their expected outputs would exceed `timed_check_bytes`."""
+        assert self.reference is not None
+        notes = [rec.get("probe_note") for tid, by_rank in self.reference.trials.items() for rec in by_rank.values()
+                 if tid == integrity.PROBE_TRIAL]
+        probes = self.checks.timed_probes if self.checks.precision_probe and notes and not any(notes) else 0
+        judged = self.checks.timed_checks
+        first = min(self.reference.trials, default=None)
+        out_bytes = sum((self.ref_dir / f"exp-{first}-r{r}.bin").stat().st_size for r in range(self.world_size)
+                        if (self.ref_dir / f"exp-{first}-r{r}.bin").exists()) if first is not None else 0
+        if out_bytes:
+            judged = min(judged, max(0, self.checks.timed_check_bytes // out_bytes - probes))
+        return timing.make_plan(self.config.timing, self.checks.fresh_iters, judged, probes, self.rng)
+
     def load(self) -> None:
         assert self.pool is not None and self.reference is not None
         limits = self.config.limits
         started = time.perf_counter()
-        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "groups": self.reference.groups},
-                 "load", limits.load_s)
+        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "shape": self.shape,
+                             "groups": self.reference.groups}, "load", limits.load_s)
         params = len(_required(self.problem))
         replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.path), "params": params},
                            "load", limits.load_s)
@@ -370,73 +398,114 @@ class _Evaluation:
 
     def time(self, ref_stats: TimingStats) -> None:
         assert self.pool is not None and self.reference is not None and self.reference.sets is not None
+        assert self.plan is not None
         limits = self.config.limits
-        sets = self.reference.sets
+        sets, plan = self.reference.sets, self.plan
         scratch = self.pool.scratch
         assert scratch is not None
         started = time.perf_counter()
         sets_dir, keep_dir = scratch / "sets", scratch / "kept"
         sets_dir.mkdir(exist_ok=True)
         keep_dir.mkdir(exist_ok=True)
-        names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
-        per_rank = {}
+        per_rank: dict[int, dict[str, Any]] = {}
         for rank in range(self.world_size):
+            per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "clone_inputs": sets.mutated}
+            if plan.refill:  # the rank draws its sets' first contents itself, as every call's
+                per_rank[rank]["set_fills"] = [fill_recipe(self.seed, TIMING_TRIAL_BASE + k, rank)
+                                               for k in range(sets.count)]
+                continue
+            names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
             paths = []
             for name in names:
                 target = sets_dir / f"{name}-r{rank}.pt"
                 shutil.copyfile(self.ref_dir / f"in-{name}-r{rank}.pt", target)
                 paths.append(str(target))
-            per_rank[rank] = {"op": "time_begin", "candidate": str(self.path), "sets": paths[:sets.count],
-                              "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
+            per_rank[rank].update(sets=paths[:sets.count], fresh=paths[sets.count:])
         self.ask(self.pool, per_rank, "timing", limits.time_s)
         self.pool.take_events()
-        probability = min(1.0, self.checks.timed_checks / max(1, self.config.timing.iters))
-        run = timing.drive(self.pool, self.ask, n_sets=sets.count, n_fresh=sets.fresh, config=self.config.timing,
-                           cuda=self.device == "cuda", keep_dir=keep_dir, keep_probability=probability, rng=self.rng,
-                           call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s)
+        judged = [it for it in plan.iterations if it.judged]
+        calls = sum(1 for it in plan.iterations if it.kind != "probe")
+        self.evidence["timed_judging"] = {
+            "refill": plan.refill, **({} if plan.refill else {"why_not": sets.why_not}),
+            "calls": calls, "judged": len(judged), "probes": sum(1 for it in judged if it.kind == "probe"),
+            "miss_probability_at_20pct_wrong": round(
+                timing.miss_probability(calls, len(judged) - sum(1 for it in judged if it.kind == "probe"), 0.2), 6)}
+        run = timing.drive(self.pool, self.ask, plan, n_sets=sets.count, recipes=timing.recipes_for(self.seed),
+                           config=self.config.timing, cuda=self.device == "cuda", keep_dir=keep_dir,
+                           call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s,
+                           on_kept=lambda kept: None, check_inputs=not sets.mutated)
         self.note_collectives("timing", self.pool.take_events())
         clock: Clock = "cuda_events" if self.device == "cuda" else "host"
         candidate = timing.stats(run, clock)
         self.timings = Timings(reference=ref_stats, candidate=candidate)
         self.stages["timing"] = time.perf_counter() - started
-        self._judge_timed_outputs(run, sets)
-        self._plausibility(run, candidate, ref_stats)
-
-    def _judge_timed_outputs(self, run: timing.TimingRun, sets: Any) -> None:
-        """The kept outputs against the reference's for their input sets; the sets as timing left them."""
-        if not sets.mutated:
+        # Judged after the phase, not between its iterations: the judge's own work (torch's threads spinning
+        # after a comparison) would otherwise slow the candidate's next iterations and not the reference's.
+        try:
+            for kept in run.kept:
+                self._judge_timed_output(kept, sets, plan.refill)
+        finally:
+            self.evidence["timed_outputs_judged"] = self._timed_judged
+            for kept in run.kept:
+                for path in kept.paths.values():
+                    path.unlink(missing_ok=True)
+                    path.with_suffix(".issue").unlink(missing_ok=True)
+        self.stages["timing_judge"] = time.perf_counter() - started - self.stages["timing"]
+        if not plan.refill and not sets.mutated:
             for rank, prints in run.fingerprints.items():
                 if prints != sets.fingerprints.get(rank):
-                    self.flags.append(integrity.MUTATES_INPUTS)
-                    raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
-                                        message=f"rank {rank}: an input set changed while it was timed: the "
-                                                f"candidate modifies its inputs"))
-        wrong = []
-        for kept in run.kept:
-            stem = f"fresh{kept.set_index}" if kept.kind == "fresh" else f"set{kept.set_index}"
-            for rank, path in kept.paths.items():
-                issue = path.with_suffix(".issue")
+                    self._inputs_changed(rank, "an input set changed while it was timed")
+        self._plausibility(run, candidate, ref_stats)
+
+    def _inputs_changed(self, rank: int, what: str) -> None:
+        self.flags.append(integrity.MUTATES_INPUTS)
+        raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
+                            message=f"rank {rank}: {what}: the candidate modifies its inputs"))
+
+    def _judge_timed_output(self, kept: timing.Kept, sets: Any, refill: bool) -> None:
+        """A judged call of the timing phase: its output against the reference's for the same inputs, with the
+        full tolerance; its inputs after the call (the rank compares
+        them with a new draw of the same recipe). The first wrong one is the verdict (phase timing)."""
+        it = kept.iteration
+        stem = f"t{it.trial}" if refill else (f"fresh{kept.set_index}" if it.request == "fresh"
+                                               else f"set{kept.set_index}")
+        self._timed_judged += 1
+        wrong: list[tuple[int, str]] = []
+        for rank, path in sorted(kept.paths.items()):
+            issue = path.with_suffix(".issue")
+            try:
                 if issue.exists():
-                    wrong.append((kept, rank, f"not comparable: {issue.read_text()[:200]}"))
+                    said = transport.open_untrusted(issue, 4096)[:200].decode(errors="replace")
+                    wrong.append((rank, f"not comparable: {said}"))
                     continue
-                try:
-                    got = transport.read_tree(path, 1 << 40)
-                except transport.TransportError as err:
-                    wrong.append((kept, rank, f"its output could not be read back: {err}"))
-                    continue
+                got = transport.read_tree(path, 1 << 40)
                 expected = transport.read_tree(self.ref_dir / f"exp-{stem}-r{rank}.bin", 1 << 40)
+                expected, got = timing.sampled(expected, got, self.checks.timed_check_elements, self.rng)
                 verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
                 if not verdict["ok"]:
-                    wrong.append((kept, rank, verdict["message"]))
+                    wrong.append((rank, verdict["message"]))
+            except Exception as exc:  # whatever the file holds, failing to judge it is the candidate's failure
+                wrong.append((rank, f"its output could not be judged: {type(exc).__name__}: {exc}"))
+            finally:
                 path.unlink(missing_ok=True)
-        self.evidence["timed_outputs_judged"] = len(run.kept)
-        if wrong:
-            kept, rank, why = wrong[0]
-            self.flags.append(integrity.TIMED_OUTPUT_WRONG)
-            raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
-                                message=f"{len(wrong)} of {len(run.kept) * self.world_size} judged timed outputs were "
-                                        f"wrong although the check passed; first: rank {rank}, a {kept.kind} call on "
-                                        f"input set {kept.set_index}: {why}"))
+                issue.unlink(missing_ok=True)
+        if refill and not sets.mutated:
+            for rank in sorted(kept.paths):
+                if not kept.intact.get(rank):  # a rank that does not say they are intact has changed them
+                    self._inputs_changed(rank, f"the inputs of a judged {it.kind} call changed during the call")
+        if not wrong:
+            return
+        rank, why = wrong[0]
+        self.flags.append(integrity.TIMED_OUTPUT_WRONG)
+        note = ""
+        if it.kind == "probe":
+            self.flags.append(integrity.REDUCED_PRECISION)
+            note = (" (a precision probe among the timed calls: right on random inputs, wrong on inputs whose low "
+                    "bits matter: reduced precision when timed)")
+        raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
+                            message=f"a judged {it.kind} call of the timing phase was wrong on "
+                                    f"{len(wrong)} of {self.world_size} ranks although the check passed; rank "
+                                    f"{rank}: {why}{note}"))
 
     def _plausibility(self, run: timing.TimingRun, candidate: TimingStats, reference: TimingStats) -> None:
         problems = [p for ranks in run.times.get("timed", []) for p in plausibility.timing_problems(ranks)]
@@ -445,10 +514,12 @@ class _Evaluation:
             self.flags.append(integrity.TIMING_IMPLAUSIBLE)
             self.evidence["timing_problems"] = problems
         rotated = candidate.fresh_pair_median_ms if candidate.fresh_pair_median_ms is not None else candidate.median_ms
-        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, self.checks):
+        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, reference.median_ms, self.checks):
             self.flags.append(integrity.INPUT_CACHING)
             self.evidence["input_caching"] = {"rotated_median_ms": rotated,
-                                              "fresh_median_ms": candidate.fresh_median_ms}
+                                              "fresh_median_ms": candidate.fresh_median_ms,
+                                              "margin_ms": plausibility.caching_margin_ms(reference.median_ms,
+                                                                                          self.checks)}
         if self.checks.reconcile:
             inconsistent = timing.reconcile(candidate, reference, self.checks)
             if inconsistent:
@@ -520,7 +591,7 @@ def evaluate(
             return ev.result()
         phase = "launch"
         ev.start_pools()
-        seed = integrity.mixed_seed(config.seed, ev.salt)
+        seed = ev.seed = integrity.mixed_seed(config.seed, ev.salt)
         schedule = trials.schedule(config.trials, checks, world_size, ev.rng)
         phase = "reference"
         ref_stats = ev.run_reference(schedule, seed)
