@@ -195,11 +195,6 @@ def drive(pool: RankPool, ask: Ask, plan: Plan, *, n_sets: int, recipes: Callabl
         remaining = deadline - time.monotonic()
         replies = ask(pool, per_rank, "timing", max(0.5, min(call_timeout, remaining)))
         run.add(it.kind, replies, pool.last_span_s, handed is not None)
-        import os as _os
-        if _os.environ.get("PKB_DEBUG_TIMING"):
-            print("DBG", it.kind, handed is not None, round(pool.last_span_s * 1e3, 2),
-                  [(round(r.get("seconds", 0) * 1e3, 2), round(r.get("handover_ms", 0), 2),
-                    round(r.get("refill_host_ms", 0), 2), round(r.get("ms", 0), 2)) for r in replies], flush=True)
         if handed is not None:
             handed.intact = {r["rank"]: r.get("kept_intact") is True for r in replies}
             run.kept.append(handed)

@@ -143,9 +143,7 @@ class TimedSession:
         kind, index = req["kind"], int(req["set"])
         if kind not in KINDS:
             raise ValueError(f"unknown timing call kind {kind!r}")
-        handing = _clock()
         reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}
-        reply["handover_ms"] = (_clock() - handing) * 1e3
         fill = req.get("fill")
         began = _clock()
         if self.cuda:
