@@ -228,3 +228,47 @@ def test_write_tree_refuses_a_link_where_the_output_goes(tmp_path):
     with pytest.raises(OSError):
         transport.write_tree(Path(link), torch.ones(2))
     assert target.read_bytes() == b"keep"
+
+
+# -- the rank's side of a timed call ---------------------------------------------------------------
+@pytest.fixture
+def one_rank_group():
+    """A gloo group of one rank in this process: what the timed protocol's barrier needs."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_timed_session_refills_the_same_buffers_and_hands_judged_calls_over(all_reduce, one_rank_group, tmp_path):
+    from harness.rank.timed import TimedSession
+
+    shape = all_reduce.shape("small")
+    draw = refill.drawer(all_reduce, shape, 0, 1, CPU)
+    seen: list[tuple[int, int, torch.Tensor]] = []
+
+    def solution(x):
+        seen.append((id(x), x.data_ptr(), x.clone()))
+        out = x * 2
+        if len(seen) == 3:
+            x.zero_()  # uses its input as scratch space in the third call
+        return out
+
+    sets = [draw(seeds.fill_recipe(5, k, 0)) for k in range(2)]
+    session = TimedSession(solution, sets, [], CPU, plain=transport.describe_unsupported, draw=draw)
+    replies = []
+    for i in range(4):
+        keep = tmp_path / f"kept-{i - 1}.bin" if i else None
+        replies.append(session.call({"kind": "timed", "set": i % 2, "fill": seeds.fill_recipe(5, 100 + i, 0),
+                                     "keep_previous": str(keep) if keep else None, "check_previous": bool(keep)}))
+    end = session.finish({"keep_previous": str(tmp_path / "kept-3.bin"), "check_previous": True})
+    assert seen[0][:2] == seen[2][:2] and seen[1][:2] == seen[3][:2]  # the same objects, the same memory ...
+    assert not torch.equal(seen[0][2], seen[2][2]) and not torch.equal(seen[1][2], seen[3][2])  # ... new contents
+    for i in range(4):  # each call's input is exactly its recipe's draw, and its output copy is of that call
+        assert torch.equal(seen[i][2], draw(seeds.fill_recipe(5, 100 + i, 0))[0])
+        assert torch.equal(transport.read_tree(tmp_path / f"kept-{i}.bin", 1 << 20), seen[i][2] * 2)
+    intact = [r.get("kept_intact") for r in replies[1:]] + [end.get("kept_intact")]
+    assert intact == [True, True, False, True]  # the third call zeroed its input
+    assert all(r["refill_ms"] >= 0 for r in replies)
