@@ -447,9 +447,10 @@ class _Evaluation:
         # torch's thread pool made each one 5-15x slower (30 ms against 170-500 ms at 256K elements, 2 cores).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        wrong: list[tuple[timing.Kept, int, str]] = []
         try:
             for kept in run.kept:
-                self._judge_timed_output(kept, sets, plan.refill)
+                wrong += self._judge_timed_output(kept, sets, plan.refill)
         finally:
             torch.set_num_threads(threads)
             self.evidence["timed_outputs_judged"] = self._timed_judged
@@ -462,6 +463,8 @@ class _Evaluation:
             for rank, prints in run.fingerprints.items():
                 if prints != sets.fingerprints.get(rank):
                     self._inputs_changed(rank, "an input set changed while it was timed")
+        if wrong:
+            self._timed_calls_wrong(wrong)
         self._plausibility(run, candidate, ref_stats)
 
     def _inputs_changed(self, rank: int, what: str) -> None:
@@ -469,30 +472,30 @@ class _Evaluation:
         raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
                             message=f"rank {rank}: {what}: the candidate modifies its inputs"))
 
-    def _judge_timed_output(self, kept: timing.Kept, sets: Any, refill: bool) -> None:
+    def _judge_timed_output(self, kept: timing.Kept, sets: Any, refill: bool) -> list[tuple[timing.Kept, int, str]]:
         """A judged call of the timing phase: its output against the reference's for the same inputs, with the
-        full tolerance; its inputs after the call (the rank compares
-        them with a new draw of the same recipe). The first wrong one is the verdict (phase timing)."""
+        full tolerance (why it is wrong, per rank); its inputs after the call (the rank compares them with the
+        draw they were copied from): changed inputs end the evaluation at once (phase timing)."""
         it = kept.iteration
         stem = f"t{it.trial}" if refill else (f"fresh{kept.set_index}" if it.request == "fresh"
                                                else f"set{kept.set_index}")
         self._timed_judged += 1
-        wrong: list[tuple[int, str]] = []
+        wrong: list[tuple[timing.Kept, int, str]] = []
         for rank, path in sorted(kept.paths.items()):
             issue = path.with_suffix(".issue")
             try:
                 if issue.exists():
                     said = transport.open_untrusted(issue, 4096)[:200].decode(errors="replace")
-                    wrong.append((rank, f"not comparable: {said}"))
+                    wrong.append((kept, rank, f"not comparable: {said}"))
                     continue
                 got = transport.read_tree(path, 1 << 40)
                 expected = transport.read_tree(self.ref_dir / f"exp-{stem}-r{rank}.bin", 1 << 40)
                 expected, got = timing.sampled(expected, got, self.checks.timed_check_elements, self.rng)
                 verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
                 if not verdict["ok"]:
-                    wrong.append((rank, verdict["message"]))
+                    wrong.append((kept, rank, verdict["message"]))
             except Exception as exc:  # whatever the file holds, failing to judge it is the candidate's failure
-                wrong.append((rank, f"its output could not be judged: {type(exc).__name__}: {exc}"))
+                wrong.append((kept, rank, f"its output could not be judged: {type(exc).__name__}: {exc}"))
             finally:
                 path.unlink(missing_ok=True)
                 issue.unlink(missing_ok=True)
@@ -500,19 +503,24 @@ class _Evaluation:
             for rank in sorted(kept.paths):
                 if not kept.intact.get(rank):  # a rank that does not say they are intact has changed them
                     self._inputs_changed(rank, f"the inputs of a judged {it.kind} call changed during the call")
-        if not wrong:
-            return
-        rank, why = wrong[0]
+        return wrong
+
+    def _timed_calls_wrong(self, wrong: list[tuple[timing.Kept, int, str]]) -> None:
+        """The verdict of wrong judged calls: `timed_output_wrong`; where only precision probes were wrong
+        (right on random inputs, wrong where the low bits matter), `reduced_precision` too."""
+        plain = [w for w in wrong if w[0].iteration.kind != "probe"]
+        kept, rank, why = (plain or wrong)[0]
+        calls = len({id(w[0]) for w in wrong})
         self.flags.append(integrity.TIMED_OUTPUT_WRONG)
         note = ""
-        if it.kind == "probe":
+        if not plain:
             self.flags.append(integrity.REDUCED_PRECISION)
-            note = (" (a precision probe among the timed calls: right on random inputs, wrong on inputs whose low "
-                    "bits matter: reduced precision when timed)")
+            note = (" (only precision probes among the timed calls were wrong: right on random inputs, wrong on "
+                    "inputs whose low bits matter: reduced precision when timed)")
         raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
-                            message=f"a judged {it.kind} call of the timing phase was wrong on "
-                                    f"{len(wrong)} of {self.world_size} ranks although the check passed; rank "
-                                    f"{rank}: {why}{note}"))
+                            message=f"{calls} of {self._timed_judged} judged calls of the timing phase were wrong "
+                                    f"although the check passed; first: rank {rank}, a {kept.iteration.kind} call: "
+                                    f"{why}{note}"))
 
     def _plausibility(self, run: timing.TimingRun, candidate: TimingStats, reference: TimingStats) -> None:
         problems = [p for ranks in run.times.get("timed", []) for p in plausibility.timing_problems(ranks)]

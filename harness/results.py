@@ -70,15 +70,13 @@ class TimingStats(BaseModel):
                           "last rank's reply (spin, barrier and pipe included)")
     unexplained_low_ms: float | None = Field(
         None, description="20th percentile of span - claimed call time - spin per counted iteration (timed, "
-                          "fresh-pair, host-latency); compared with the reference's to reconcile claimed times "
-                          "with the harness's clock")
+                          "fresh-pair, host-latency; the span of the call's own request, not of the one that "
+                          "prepared its inputs); compared with the reference's to reconcile claimed times with "
+                          "the harness's clock")
     host_span_median_ms: float | None = Field(
         None, description="the harness's own clock around each host-latency iteration")
     judged_outputs: int = Field(0, description="calls of the timing phase whose outputs were judged (drawn at random "
                                                "from the evaluation's secret; a rank learns it after the call)")
-    handover_unexplained_low_ms: float | None = Field(
-        None, description="as unexplained_low_ms, over the timed iterations that also handed over the previous "
-                          "call's output for judging (None with fewer than 5 of them)")
     refill_median_ms: float | None = Field(
         None, description="median time a rank took to draw a call's fresh inputs, outside the timed window "
                           "(device time on a GPU, host time on CPU; slowest rank)")

@@ -16,9 +16,10 @@ What a rank reports (event times, enqueue times) is a claim. `reconcile` holds t
 harness's clock: a device time longer than the span the harness saw around it is impossible, and
 per-iteration time the claims leave unexplained (its 20th percentile: load only ever adds time) beyond
 what the reference's identical protocol leaves unexplained means the claimed times are smaller than the
-calls were (`timing_inconsistent`). Iterations that handed over a judged output are compared apart. The
-margin grows with the work (`unexplained_allowed`: a floor for the protocol's noise, or a share of the
-claimed and of the reference's per-call time); tests/exploits/README.md says what hides inside it.
+calls were (`timing_inconsistent`). The span is that of the call's own request: drawing the next inputs
+and handing over a judged output happen in a request before it. The margin grows with the work
+(`unexplained_allowed`: a floor for the protocol's noise, or a share of the claimed and of the reference's
+per-call time); tests/exploits/README.md says what hides inside it.
 """
 
 from __future__ import annotations
@@ -139,18 +140,15 @@ class Kept:
 class TimingRun:
     times: dict[str, list[list[float]]] = field(default_factory=dict)  # kind -> iteration -> rank -> ms
     spans: dict[str, list[float]] = field(default_factory=dict)  # kind -> iteration -> harness span, ms
-    handing_over: dict[str, list[bool]] = field(default_factory=dict)  # kind -> iteration -> wrote a kept output
     refill: list[float] = field(default_factory=list)  # per iteration: the slowest rank's refill, ms
     spin_us: float = 0.0
     kept: list[Kept] = field(default_factory=list)
     fingerprints: dict[int, list[list[int]]] = field(default_factory=dict)  # rank -> set -> fingerprint
     input_sets: int = 0
 
-    def add(self, kind: str, replies: list[dict[str, Any]], span_s: float, handing_over: bool) -> None:
+    def add(self, kind: str, replies: list[dict[str, Any]], span_s: float) -> None:
         self.times.setdefault(kind, []).append([float(r.get("ms", float("nan"))) for r in replies])
         self.spans.setdefault(kind, []).append(span_s * 1e3)
-        self.handing_over.setdefault(kind, []).append(handing_over)
-        self.refill.append(max(float(r.get("refill_ms", float("nan"))) for r in replies))
 
 
 def spin_for(warmup: list[list[dict[str, Any]]], config: TimingConfig) -> float:
@@ -169,11 +167,12 @@ def spin_for(warmup: list[list[dict[str, Any]]], config: TimingConfig) -> float:
 def drive(pool: RankPool, ask: Ask, plan: Plan, *, n_sets: int, recipes: Callable[[Iteration, int], dict[str, Any]],
           config: TimingConfig, cuda: bool, keep_dir: Path, call_timeout: float, deadline: float,
           on_kept: Callable[[Kept], None], check_inputs: bool = True) -> TimingRun:
-    """Every iteration of `plan`, one request each, on a pool whose ranks have done time_begin. Each request
-    carries the recipe of its call's inputs on that rank (`recipes(iteration, rank)`; none where the plan does
-    not refill) and, for the previous call if it is judged, where to write its output copy (and whether to
-    say if its inputs are still as drawn); `on_kept` gets each judged call once its files are written. The
-    reference and the candidate go through the same requests. `ask(pool, message, phase, timeout)` sends one
+    """Every iteration of `plan` on a pool whose ranks have done time_begin: a request that prepares the call
+    (it carries the recipe of the call's inputs on that rank, `recipes(iteration, rank)`, none where the plan
+    does not refill, and for the previous call if it is judged, where to write its output copy and whether to
+    say if its inputs are still as drawn), then the call's own request, the one the harness's clock times.
+    `on_kept` gets each judged call once its files are written. The reference and the candidate go through
+    the same requests. `ask(pool, message, phase, timeout)` sends one
     request and raises on failure (the caller's error handling)."""
     run = TimingRun(input_sets=n_sets)
     world = pool.world_size
@@ -186,19 +185,20 @@ def drive(pool: RankPool, ask: Ask, plan: Plan, *, n_sets: int, recipes: Callabl
         if it.request != "fresh":
             index, rotation = rotation % n_sets, rotation + 1
         handed = pending
-        per_rank = {}
-        for rank in range(world):
-            per_rank[rank] = {"op": "time_call", "kind": it.request, "set": index, "spin_us": run.spin_us,
-                              "fill": recipes(it, rank) if plan.refill else None,
-                              "keep_previous": str(handed.paths[rank]) if handed is not None else None,
-                              "check_previous": check_inputs and handed is not None}
-        remaining = deadline - time.monotonic()
-        replies = ask(pool, per_rank, "timing", max(0.5, min(call_timeout, remaining)))
-        run.add(it.kind, replies, pool.last_span_s, handed is not None)
+        timeout = max(0.5, min(call_timeout, deadline - time.monotonic()))
+        prepare = {rank: {"op": "time_prepare", "kind": it.request, "set": index,
+                          "fill": recipes(it, rank) if plan.refill else None,
+                          "keep_previous": str(handed.paths[rank]) if handed is not None else None,
+                          "check_previous": check_inputs and handed is not None} for rank in range(world)}
+        prepared = ask(pool, prepare, "timing", timeout)
+        run.refill.append(max(float(r.get("refill_ms", float("nan"))) for r in prepared))
         if handed is not None:
-            handed.intact = {r["rank"]: r.get("kept_intact") is True for r in replies}
+            handed.intact = {r["rank"]: r.get("kept_intact") is True for r in prepared}
             run.kept.append(handed)
             on_kept(handed)
+        call = {"op": "time_call", "kind": it.request, "set": index, "spin_us": run.spin_us}
+        replies = ask(pool, call, "timing", max(0.5, min(call_timeout, deadline - time.monotonic())))
+        run.add(it.kind, replies, pool.last_span_s)
         pending = None
         if it.judged:
             pending = Kept(it, index, {r: keep_dir / f"kept-{it.trial}-r{r}.bin" for r in range(world)})
@@ -234,20 +234,16 @@ def _low(values: list[float]) -> float | None:
     return finite[int(0.2 * (len(finite) - 1))] if finite else None
 
 
-def _unexplained(run: TimingRun) -> tuple[list[float], list[float]]:
+def _unexplained(run: TimingRun) -> list[float]:
     """Per counted iteration (timed, fresh-pair and host-latency ones, which the reference's plan has too):
-    the harness's span minus the slowest rank's claimed time (and the device spin, where there was one);
-    all of them, and those that handed over a judged output."""
+    the harness's span around the call's request minus the slowest rank's claimed time (and the device spin,
+    where there was one)."""
     spin_ms = run.spin_us / 1e3
-    every, handed = [], []
+    every = []
     for kind, spin in (("timed", spin_ms), ("fresh_pair", spin_ms), ("host", 0.0)):
         claims = [max(ranks) for ranks in run.times.get(kind, [])]
-        spans = run.spans.get(kind, [])
-        for span, claim, handing in zip(spans, claims, run.handing_over.get(kind, [False] * len(spans))):
-            every.append(span - claim - spin)
-            if handing:
-                handed.append(span - claim - spin)
-    return every, handed
+        every += [span - claim - spin for span, claim in zip(run.spans.get(kind, []), claims)]
+    return every
 
 
 def stats(run: TimingRun, clock: Clock) -> TimingStats:
@@ -260,7 +256,7 @@ def stats(run: TimingRun, clock: Clock) -> TimingStats:
     mean = statistics.fmean(per_iter)
     qs = statistics.quantiles(per_iter, n=10, method="inclusive") if len(per_iter) > 1 else per_iter * 9
     spans = run.spans.get("timed", [])
-    unexplained, handed = _unexplained(run)
+    unexplained = _unexplained(run)
     host = [max(r) for r in run.times.get("host", [])]
     fresh = [max(r) for r in run.times.get("fresh", [])]
     pairs = [max(r) for r in run.times.get("fresh_pair", [])]
@@ -282,14 +278,10 @@ def stats(run: TimingRun, clock: Clock) -> TimingStats:
         fresh_pair_median_ms=statistics.median(pairs) if pairs else None,
         span_median_ms=_median(spans),
         unexplained_low_ms=_low(unexplained),
-        handover_unexplained_low_ms=_low(handed) if len(handed) >= MIN_GROUP else None,
         host_span_median_ms=_median(run.spans.get("host", [])),
         judged_outputs=len(run.kept),
         refill_median_ms=_median(run.refill),
     )
-
-
-MIN_GROUP = 5  # iterations a percentile of one group of them needs
 
 
 def unexplained_allowed(candidate: TimingStats, reference: TimingStats, checks: IntegrityConfig) -> float:
@@ -301,25 +293,17 @@ def unexplained_allowed(candidate: TimingStats, reference: TimingStats, checks: 
 
 
 def reconcile(candidate: TimingStats, reference: TimingStats, checks: IntegrityConfig) -> list[str]:
-    """Why the candidate's claimed times cannot be squared with the harness's clock (empty: they can).
-    Every timed iteration's unexplained time, and apart those that handed over a judged output (against the
-    reference's that did the same, where both have enough of them): work deferred to the hand-over of the
-    judged calls alone shows there although most iterations hand nothing over."""
+    """Why the candidate's claimed times cannot be squared with the harness's clock (empty: they can)."""
     problems = []
     if candidate.span_median_ms is not None and candidate.median_ms > candidate.span_median_ms + 0.05:
         problems.append(f"the claimed median {candidate.median_ms:.4g} ms is longer than the "
                         f"{candidate.span_median_ms:.4g} ms the harness observed around each call")
-    allowed = unexplained_allowed(candidate, reference, checks)
-    groups = (("", candidate.unexplained_low_ms, reference.unexplained_low_ms),  # every timed iteration
-              (" that handed over a judged output", candidate.handover_unexplained_low_ms,
-               reference.handover_unexplained_low_ms))
-    for which, mine, theirs in groups:
-        if mine is None or theirs is None:
-            continue
-        excess = mine - theirs
+    if candidate.unexplained_low_ms is not None and reference.unexplained_low_ms is not None:
+        excess = candidate.unexplained_low_ms - reference.unexplained_low_ms
+        allowed = unexplained_allowed(candidate, reference, checks)
         if excess > allowed:
-            problems.append(f"each timed iteration{which} took {mine:.4g} ms more than the claimed call time and "
-                            f"spin (the reference's identical protocol: {theirs:.4g} ms; allowed "
-                            f"{allowed:.4g} ms more): the claimed {candidate.median_ms:.4g} ms per call is "
-                            f"smaller than what the harness's clock saw")
+            problems.append(f"each timed iteration took {candidate.unexplained_low_ms:.4g} ms more than the claimed "
+                            f"call time and spin (the reference's identical protocol: "
+                            f"{reference.unexplained_low_ms:.4g} ms; allowed {allowed:.4g} ms more): the claimed "
+                            f"{candidate.median_ms:.4g} ms per call is smaller than what the harness's clock saw")
     return problems

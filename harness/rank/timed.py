@@ -2,8 +2,10 @@
 
 The harness drives timing one iteration per request (harness.judge.timing), so it can time every
 iteration with its own clock and tell a rank, only after a call has returned, that its output is judged.
-Per iteration on a GPU: first the call's inputs are drawn anew from the request's recipe and copied into
-the set's buffers (harness.rank.refill: no call sees contents an earlier call saw), then flush L2 (write a
+Per iteration, in a request of its own before the call's (`prepare`): the previous call's output copy is
+handed over if the harness judges it, and the call's inputs are drawn anew from the request's recipe and
+copied into the set's buffers (harness.rank.refill: no call sees contents an earlier call saw). Then, in
+the call's request, on a GPU: flush L2 (write a
 buffer twice its size), a device-side spin long enough for the host to enqueue the whole iteration before
 the GPU reaches it (the harness sets its length from the warm-up's enqueue times), a cross-rank device
 barrier, start event, one call, end event, then (outside the timed window) a copy of the output, taken
@@ -102,6 +104,7 @@ class TimedSession:
         self.kept_issue: str | None = None
         self.kept_args: Any = None  # the previous call's inputs and a pristine copy, to check them if it is judged
         self.kept_pristine: Any = None
+        self.next: tuple[str, tuple[Any, ...]] | None = None  # what `prepare` drew for the coming call
 
     def _hand_over(self, req: dict[str, Any]) -> dict[str, Any]:
         """Write the previous call's output copy where the harness asked (it chose after that call had
@@ -139,23 +142,40 @@ class TimedSession:
             raise IndexError(f"no {kind} input set {index}")
         return group[index], None
 
-    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The request before each timed call: hand over the previous call's output if it is judged, then draw
+        this call's inputs into its buffers and wait for the device to finish drawing. Apart from the call's
+        own request, so that the harness's clock around the call sees neither (the drawing and the writing
+        of an output vary far more on a busy machine than the call's protocol does)."""
         kind, index = req["kind"], int(req["set"])
         if kind not in KINDS:
             raise ValueError(f"unknown timing call kind {kind!r}")
         reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}
-        fill = req.get("fill")
         began = _clock()
         if self.cuda:
             r0, r1 = _Event(enable_timing=True), _Event(enable_timing=True)
             _record(r0)
-        args, pristine = self._inputs(kind, index, fill)
+        args, pristine = self._inputs(kind, index, req.get("fill"))
         if self.clone:
             args = clone_tree(args)
         self.kept_args, self.kept_pristine = args, pristine
+        self.next = (kind, args)
         if self.cuda:
             _record(r1)
+            _cuda_synchronize(self.device)  # the drawing never runs beside a timed call (ranks may share a GPU)
+            reply["refill_ms"] = _elapsed_time(r0, r1)
         reply["refill_host_ms"] = (_clock() - began) * 1e3
+        reply.setdefault("refill_ms", reply["refill_host_ms"])
+        return reply
+
+    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One timed call on the inputs the last `prepare` drew (or, without a prepare, on the set as given,
+        after handing the previous output over)."""
+        if self.next is None:
+            self.prepare(req)
+        assert self.next is not None
+        (kind, args), self.next = self.next, None
+        reply: dict[str, Any] = {"ok": True}
         if kind == "host":
             device_barrier(self.device, self.token)
             if self.cuda:
@@ -180,8 +200,7 @@ class TimedSession:
             self._keep(out)
             del out
             _cuda_synchronize(self.device)
-            reply.update(ms=_elapsed_time(start, end), enqueue_us=(t2 - t1) * 1e6, barrier_enqueue_us=(t1 - t0) * 1e6,
-                         refill_ms=_elapsed_time(r0, r1))
+            reply.update(ms=_elapsed_time(start, end), enqueue_us=(t2 - t1) * 1e6, barrier_enqueue_us=(t1 - t0) * 1e6)
             return reply
         else:
             device_barrier(self.device, self.token)
@@ -190,10 +209,6 @@ class TimedSession:
             reply["ms"] = (_clock() - t0) * 1e3
         self._keep(out)
         del out
-        if self.cuda:
-            reply["refill_ms"] = _elapsed_time(r0, r1)
-        else:
-            reply["refill_ms"] = reply["refill_host_ms"]
         return reply
 
     def _keep(self, out: Any) -> None:

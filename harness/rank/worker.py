@@ -42,9 +42,10 @@ from harness.registry import load_problem_spec
 from harness.seeds import rank_seed
 
 ROLES = ("trusted", "candidate")
-TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_call",
-               "time_end")
-CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_call", "time_end", "profile")
+TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_prepare",
+               "time_call", "time_end")
+CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_prepare", "time_call", "time_end",
+                 "profile")
 
 
 def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -140,10 +141,10 @@ class Worker:
             if self.role == "trusted":
                 return reference_side.time_begin(self, req)
             return candidate_side.time_begin(self, req)
-        if op == "time_call":
+        if op in ("time_prepare", "time_call"):
             if self.timing is None:
-                return _fail(failures.INFRA_ERROR, "time_call before time_begin")
-            return self.timing.call(req)
+                return _fail(failures.INFRA_ERROR, f"{op} before time_begin")
+            return self.timing.prepare(req) if op == "time_prepare" else self.timing.call(req)
         if op == "time_end":
             if self.timing is None:
                 return _fail(failures.INFRA_ERROR, "time_end before time_begin")
