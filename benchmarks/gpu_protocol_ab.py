@@ -13,12 +13,13 @@ candidate's and the reference's timed medians over rounds, and the change in per
 line for issue 25: honest medians move by less than 2%), with the spread between rounds of the same tree
 beside it (what the machine's noise alone does). Then, in this tree only: what drawing a timed call's
 inputs costs on the device (make_inputs into fresh tensors, then the copy into the call's buffers: CUDA
-events, median of 20) next to each expert's median, and the tests/exploits/gpu_* candidates of the timed
-calls with their declared verdicts.
+events, median of 20) next to each expert's median; and the tests/exploits/gpu_* candidates of the timed
+calls evaluated by both trees (this tree's verdicts against their declared ones).
 
 Writes OUT/protocol_ab.json (after every evaluation, atomically) and OUT/protocol_ab.md, and prints the
-tables last. `--device cpu --dry-run` runs the same machinery on CPU (gloo, the CPU kernel families of
-agent/search/cpu_kernels instead of the CUDA experts, the CPU timed-call exploits), to check the script.
+tables last. `--device cpu` runs the same machinery on CPU (gloo, the CPU kernel families of
+agent/search/cpu_kernels instead of the CUDA experts, the CPU timed-call exploits at `decode`); add
+`--dry-run` for one round of two kernels and one exploit, to check the script.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ CPU_EXPERTS = [  # --device cpu: the CPU kernel families stand in for the CUDA e
 ]
 GPU_EXPLOITS = ["gpu_memo_by_pointer.py", "gpu_memo_by_pointer_1mib.py", "gpu_timed_by_stream_state.py",
                 "gpu_side_stream_when_looked.py", "gpu_side_stream.py"]
-CPU_EXPLOITS = ["memo_by_pointer.py", "skip_fraction.py"]
+CPU_EXPLOITS = ["memo_by_pointer.py", "memo_sampled_elements.py", "torch_function_mode_work.py", "transport_hijack.py",
+                "int8_when_timed.py", "skip_fraction.py"]
 
 # The worker: one per tree, started with that tree first on sys.path; one JSON request per stdin line,
 # one "RESULT {json}" line per evaluation on stdout.
@@ -215,11 +217,14 @@ def tables(summary: list[dict[str, Any]], refills: dict[str, Any], exploits: lis
             f"{fmt(e['ref_ms_change_pct'], 2)} | {scaled(refill.get('device_ms'))} | "
             f"{'/'.join(e['base_verdicts'])} -> {'/'.join(e['this_verdicts'])} |")
     if exploits:
-        lines += ["\n### Timed-call exploits (this tree)\n",
-                  "| exploit | shape | expected | verdict | flags | phase | ok |", "|---|---|---|---|---|---|---|"]
+        lines += ["\n### Timed-call exploits, base tree then this tree\n",
+                  "| exploit | shape | base: verdict, flags, speedup | this: verdict, flags | expected | ok |",
+                  "|---|---|---|---|---|---|"]
         for d in exploits:
-            lines.append(f"| {d['exploit']} | {d['shape']} | {d['expected']} | {d['verdict']} | "
-                         f"{', '.join(d.get('flags', [])) or '-'} | {d.get('phase') or '-'} | "
+            b = d["base"]
+            speed = f"{b['ref_ms'] / b['cand_ms']:.1f}x" if b.get("cand_ms") and b.get("ref_ms") else "-"
+            lines.append(f"| {d['exploit']} | {d['shape']} | {b['verdict']}, {', '.join(b.get('flags', [])) or '-'}, "
+                         f"{speed} | {d['verdict']}, {', '.join(d.get('flags', [])) or '-'} | {d['expected']} | "
                          f"{'yes' if d['ok'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
@@ -292,27 +297,34 @@ def main() -> int:
     summary = summarise(report["rows"], experts)
     report["summary"] = summary
 
-    # 3. The timed-call exploits, this tree.
+    # 3. The timed-call exploits, with both trees (the base tree's harness evaluates this tree's files).
     exploits: list[dict[str, Any]] = []
     if not args.skip_exploits:
         names = GPU_EXPLOITS if args.device == "cuda" else CPU_EXPLOITS[:1 if args.dry_run else None]
-        worker = TreeWorker(ROOT, "this")
+        workers = {"base": TreeWorker(base, "base"), "this": TreeWorker(ROOT, "this")}
         try:
             for name in names:
                 path = ROOT / "tests" / "exploits" / name
                 expect = expectation(path)
-                shape = expect.get("shape", "small") if args.device == "cuda" else "small"
-                r = worker.evaluate(problem=expect["problem"], candidate=str(path), shape=shape, device=args.device,
-                                    world_size=2, ranks_per_gpu=rpg, trials=3)
-                ok = r["verdict"] == expect["verdict"] and set(expect["flags"]) <= set(r.get("flags", [])) and (
-                    "phase" not in expect or r.get("phase") == expect["phase"])
-                exploits.append({"exploit": name, "shape": shape, "expected": expect["verdict"], **r, "ok": ok})
+                shape = expect.get("shape", "small")
+                entry: dict[str, Any] = {"exploit": name, "shape": shape, "expected": expect["verdict"]}
+                for tree in ("base", "this"):
+                    r = workers[tree].evaluate(problem=expect["problem"], candidate=str(path), shape=shape,
+                                               device=args.device, world_size=2, ranks_per_gpu=rpg, trials=3)
+                    entry[tree] = r
+                    print(json.dumps({"exploit": name, "tree": tree, **{k: r.get(k) for k in
+                                                                        ("verdict", "flags", "phase", "cand_ms",
+                                                                         "ref_ms")}}), flush=True)
+                r = entry["this"]
+                entry.update(verdict=r["verdict"], flags=r.get("flags", []), phase=r.get("phase"))
+                entry["ok"] = r["verdict"] == expect["verdict"] and set(expect["flags"]) <= set(r.get("flags", [])) \
+                    and ("phase" not in expect or r.get("phase") == expect["phase"])
+                exploits.append(entry)
                 report["exploits"] = exploits
                 save()
-                print(json.dumps({k: exploits[-1].get(k) for k in ("exploit", "verdict", "flags", "phase", "ok")}),
-                      flush=True)
         finally:
-            worker.close()
+            for w in workers.values():
+                w.close()
     report["wall_s"] = round(time.time() - started, 1)
     save()
     unit, unit_name = (1e3, "µs") if args.device == "cuda" else (1.0, "ms")

@@ -5,13 +5,13 @@ iteration with its own clock and tell a rank, only after a call has returned, th
 Per iteration, in a request of its own before the call's (`prepare`): the previous call's output copy is
 handed over if the harness judges it, and the call's inputs are drawn anew from the request's recipe and
 copied into the set's buffers (harness.rank.refill: no call sees contents an earlier call saw). Then, in
-the call's request, on a GPU: flush L2 (write a
-buffer twice its size), a device-side spin long enough for the host to enqueue the whole iteration before
-the GPU reaches it (the harness sets its length from the warm-up's enqueue times), a cross-rank device
-barrier, start event, one call, end event, then (outside the timed window) a copy of the output, taken
-before any other harness code touches it (harness.rank.pristine), kept until the next request says
-whether to hand it over. Without the spin, small calls measure Python launch latency, not the GPU. On
-CPU the same steps run with host clocks and a gloo barrier: the numbers only prove the plumbing.
+the call's request, on a GPU: flush L2 (write a buffer twice its size), a device-side spin long enough
+for the host to enqueue the whole iteration before the GPU reaches it (the harness sets its length from
+the warm-up's enqueue times), a cross-rank device barrier, start event, one call, end event, then
+(outside the timed window) a copy of the output, taken before any other harness code touches it
+(harness.rank.pristine), kept until the next request says whether to hand it over. Without the spin,
+small calls measure Python launch latency, not the GPU. On CPU the same steps run with host clocks and a
+gloo barrier: the numbers only prove the plumbing.
 
 Clocks, events and collectives are bound when this module is imported, before any candidate exists;
 a candidate can still rebind them (it runs in this process), which is why the judge treats every number
