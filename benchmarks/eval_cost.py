@@ -4,11 +4,14 @@ alike.
 
     python benchmarks/eval_cost.py --before /path/to/old/tree --repeats 5 --out docs/measurements/DIR
     python benchmarks/eval_cost.py --before .device/before31 --device cuda --repeats 2 --out OUT   # one H200
+    python benchmarks/eval_cost.py --before OLD --shape decode --variants before after \
+        --candidates tests/exploits/_shm_all_reduce.py tests/candidates/correct_all_gather_sum.py
 
 Each evaluation runs in a fresh interpreter (its own process, as `pkb eval` would) and reports the
 seconds evaluate() took, from inside, plus its stages. Variants: `before` (the other tree, as it was),
 `after` (this tree, sandbox as probed), `after_no_sandbox` (this tree, PKB_SANDBOX=off). The summary is
-the median per candidate and variant, and the differences. `--out` is a folder (eval_cost.json and
+the median per candidate and variant, its stages, and the differences. Variants run in ABBA order (the
+order reversed every other candidate and round), so a drifting load favours none. `--out` is a folder (eval_cost.json and
 eval_cost.md) or a .json file. Rounds (every candidate under every variant) stop being started once
 `--budget-s` has passed, so a slow machine ends with fewer repeats rather than past its time. The old tree
 needs no .git: `git archive COMMIT --prefix=.device/before31/ | tar -x` makes one inside an ignored folder.
@@ -55,13 +58,17 @@ def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: 
 
 
 def table(summary: dict, before: str) -> str:
+    def cell(row: dict, key: str, sign: bool = False) -> str:
+        return "-" if key not in row else (f"{row[key]:+.2f} s" if sign else f"{row[key]:.2f} s")
+
     lines = [f"| candidate | before ({before}) | after, sandboxed | after, `PKB_SANDBOX=off` | sandbox's cost | "
-             "after - before | check+timing stages, before / after |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "after - before | check+timing stages, before / after | verdicts |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for candidate, row in summary.items():
-        lines.append(f"| `{Path(candidate).name}` | {row['before_s']:.2f} s | {row['after_s']:.2f} s | "
-                     f"{row['after_no_sandbox_s']:.2f} s | {row['sandbox_cost_s']:+.2f} s | "
-                     f"{row['after_minus_before_s']:+.2f} s | {row['check_timing_before_s']:.2f} s / "
-                     f"{row['check_timing_after_s']:.2f} s |")
+        lines.append(f"| `{Path(candidate).name}` | {cell(row, 'before_s')} | {cell(row, 'after_s')} | "
+                     f"{cell(row, 'after_no_sandbox_s')} | {cell(row, 'sandbox_cost_s', True)} | "
+                     f"{cell(row, 'after_minus_before_s', True)} | {cell(row, 'check_timing_before_s')} / "
+                     f"{cell(row, 'check_timing_after_s')} | {', '.join(row['verdicts'])} |")
     return "\n".join(lines)
 
 
@@ -70,25 +77,32 @@ def main() -> int:
     parser.add_argument("--before", type=Path, required=True, help="a tree of the commit to compare with")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--shape", default="small")
+    parser.add_argument("--shape", default="small", help="all_reduce's shape (decode: the work dominates)")
+    parser.add_argument("--candidates", nargs="+", default=CANDIDATES, help="paths relative to the repository "
+                        "(each taken from this tree, so it need not exist in the old one)")
+    parser.add_argument("--variants", nargs="+", choices=("before", "after", "after_no_sandbox"),
+                        default=["before", "after", "after_no_sandbox"])
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no round after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="a folder (eval_cost.json, eval_cost.md) or a .json")
     args = parser.parse_args()
-    variants = {"before": (args.before.resolve(), False), "after": (ROOT, False), "after_no_sandbox": (ROOT, True)}
+    everything = {"before": (args.before.resolve(), False), "after": (ROOT, False), "after_no_sandbox": (ROOT, True)}
+    variants = {name: everything[name] for name in args.variants}
     rows = []
     started = time.time()
     for repeat in range(args.repeats):
         if repeat and time.time() - started > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent: {repeat} round(s)", flush=True)
             break
-        for candidate in CANDIDATES:
-            for name, (tree, off) in variants.items():
-                row = {"repeat": repeat, "candidate": candidate, "variant": name,
-                       **run_one(tree, tree / candidate, off, args.device, args.shape)}
+        for i, candidate in enumerate(args.candidates):
+            names = list(variants) if (repeat + i) % 2 == 0 else list(reversed(variants))  # ABBA order
+            for name in names:
+                tree, off = variants[name]
+                row = {"repeat": repeat, "candidate": candidate, "variant": name, "shape": args.shape,
+                       **run_one(tree, ROOT / candidate, off, args.device, args.shape)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     summary: dict = {}
-    for candidate in CANDIDATES:
+    for candidate in args.candidates:
         medians = {name: statistics.median(r["seconds"] for r in rows
                                            if r["candidate"] == candidate and r["variant"] == name)
                    for name in variants}
@@ -97,10 +111,17 @@ def main() -> int:
         judged = {name: statistics.median(r["stages"].get("check", 0.0) + r["stages"].get("timing", 0.0) for r in rows
                                           if r["candidate"] == candidate and r["variant"] == name)
                   for name in variants}
-        summary[candidate] = {**{f"{k}_s": round(v, 3) for k, v in medians.items()},
-                              "after_minus_before_s": round(medians["after"] - medians["before"], 3),
-                              "sandbox_cost_s": round(medians["after"] - medians["after_no_sandbox"], 3),
-                              **{f"check_timing_{k}_s": round(v, 3) for k, v in judged.items()}}
+        stages = {name: {stage: round(statistics.median(r["stages"].get(stage, 0.0) for r in rows
+                                                        if r["candidate"] == candidate and r["variant"] == name), 3)
+                         for stage in ("reference", "check", "timing", "timing_judge", "timing_reference")}
+                  for name in variants}
+        summary[candidate] = {**{f"{k}_s": round(v, 3) for k, v in medians.items()}, "stages": stages,
+                              **{f"check_timing_{k}_s": round(v, 3) for k, v in judged.items()},
+                              "verdicts": sorted({r["verdict"] for r in rows if r["candidate"] == candidate})}
+        if "before" in medians and "after" in medians:
+            summary[candidate]["after_minus_before_s"] = round(medians["after"] - medians["before"], 3)
+        if "after_no_sandbox" in medians and "after" in medians:
+            summary[candidate]["sandbox_cost_s"] = round(medians["after"] - medians["after_no_sandbox"], 3)
     rounds = 1 + max(r["repeat"] for r in rows)
     result = {"date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - started, 1), "device": args.device,
               "shape": args.shape, "repeats": rounds, "before": str(args.before), "summary": summary, "rows": rows}

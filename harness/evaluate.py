@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness import failures, hostile_files, integrity, reference_cache, requirements
 from harness.candidate import required_positional
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
@@ -49,6 +51,7 @@ from harness.rank import transport
 from harness.redaction import redact_value, secret_names
 from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
+from harness.seeds import TIMING_TRIAL_BASE, fill_recipe
 from harness.sandbox.limits import SandboxLimits
 from harness.sandbox.private import private_folder, remove_private, stage_file
 
@@ -107,7 +110,7 @@ def _flags_of(replies: Any) -> list[str]:
 def reference_key(problem: Problem, shape: str, world_size: int, device: str, config: EvalConfig) -> str:
     return "|".join([problem.name, problem.source_sha256[:16], shape, str(world_size), device,
                      hardware_key(), config.timing_key(), str(config.seed), f"rpg{config.ranks_per_gpu}",
-                     "per-iteration-v2"])
+                     "per-iteration-v3-refill"])
 
 
 class _Evaluation:
@@ -141,6 +144,9 @@ class _Evaluation:
         self.ext_copy: Path | None = None
         self.ext_files: hostile_files.Folder | None = None  # ext_copy, held open before the ranks can write it
         self.ext_entry: Path | None = None
+        self.seed = 0  # the run's seed mixed with the salt: only trusted processes ever hold it
+        self.plan: timing.Plan | None = None
+        self._timed_judged = 0  # judged calls of the timing phase so far
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
@@ -197,6 +203,10 @@ class _Evaluation:
         except RankMisbehaved as err:
             raise _Stop(Failure(verdict=failures.RUNTIME_ERROR, phase=phase, rank=err.rank,
                                 message=str(err), evidence=err.evidence)) from err
+        for reply in replies:  # what a rank's tripwires named (a mode left active), beside its flag
+            if isinstance(reply.get("tripwire"), list):
+                self.evidence.setdefault("tripwire", {})[str(reply.get("rank"))] = [str(m)[:200] for m in
+                                                                                  reply["tripwire"][:8]]
         failed = [r for r in replies if not r.get("ok")]
         if failed:
             failure, extra = _failure_from(_first_failure(failed), phase)
@@ -280,7 +290,10 @@ class _Evaluation:
         self.reference.prepare_trials(schedule, seed)
         sets = None
         if not self.config.skip_timing:
-            sets = self.reference.prepare_sets(seed, self.config.timing, self.checks.fresh_iters)
+            self.plan = self.timing_plan()
+            sets = self.reference.prepare_sets(seed, self.config.timing, self.checks.fresh_iters, self.plan)
+            if not sets.refill:
+                self.plan = self.plan.without_refill()
         self.stages["reference"] = time.perf_counter() - started
         # The candidate's pool has been starting meanwhile; no candidate code is in it yet, and it stays
         # idle while the reference is timed.
@@ -299,18 +312,35 @@ class _Evaluation:
             key = reference_key(self.problem, self.shape, self.world_size, self.device, self.config)
             ref_stats = reference_cache.lookup(key) if self.config.use_reference_cache else None
             if ref_stats is None:
-                ref_stats = self.reference.time(self.config.timing, seed)
+                assert self.plan is not None
+                ref_stats = self.reference.time(self.config.timing, seed, self.plan)
                 reference_cache.store(key, ref_stats)
             self.stages["timing_reference"] = time.perf_counter() - started
         self.reference.close()
         return ref_stats
 
+    def timing_plan(self) -> timing.Plan:
+        """The timing phase's calls, drawn from the secret: which are judged, where the precision probes go.
+        Probes only where the correctness phase's probe could judge this problem; fewer judged calls where
+        their expected outputs would exceed `timed_check_bytes`."""
+        assert self.reference is not None
+        notes = [rec.get("probe_note") for tid, by_rank in self.reference.trials.items() for rec in by_rank.values()
+                 if tid == integrity.PROBE_TRIAL]
+        probes = self.checks.timed_probes if self.checks.precision_probe and notes and not any(notes) else 0
+        judged = self.checks.timed_checks
+        first = min(self.reference.trials, default=None)
+        out_bytes = sum((self.ref_dir / f"exp-{first}-r{r}.bin").stat().st_size for r in range(self.world_size)
+                        if (self.ref_dir / f"exp-{first}-r{r}.bin").exists()) if first is not None else 0
+        if out_bytes:
+            judged = min(judged, max(0, self.checks.timed_check_bytes // out_bytes - probes))
+        return timing.make_plan(self.config.timing, self.checks.fresh_iters, judged, probes, self.rng)
+
     def load(self) -> None:
         assert self.pool is not None and self.reference is not None
         limits = self.config.limits
         started = time.perf_counter()
-        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "groups": self.reference.groups},
-                 "load", limits.load_s)
+        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "shape": self.shape,
+                             "groups": self.reference.groups}, "load", limits.load_s)
         params = len(_required(self.problem))
         replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.code_path), "params": params},
                            "load", limits.load_s)
@@ -401,82 +431,142 @@ class _Evaluation:
 
     def time(self, ref_stats: TimingStats) -> None:
         assert self.pool is not None and self.reference is not None and self.reference.sets is not None
+        assert self.plan is not None
         limits = self.config.limits
-        sets = self.reference.sets
+        sets, plan = self.reference.sets, self.plan
         scratch, files = self.pool.scratch, self.pool.scratch_files
         assert scratch is not None and files is not None
         started = time.perf_counter()
         sets_dir, keep_dir = scratch / "sets", scratch / "kept"
-        names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
-        per_rank = {}
+        per_rank: dict[int, dict[str, Any]] = {}
         with self.candidate_files("timing"):
             files.make_dir("sets")
             files.make_dir("kept")
             for rank in range(self.world_size):
+                per_rank[rank] = {"op": "time_begin", "candidate": str(self.code_path), "clone_inputs": sets.mutated}
+                if plan.refill:  # the rank draws its sets' first contents itself, as every call's
+                    per_rank[rank]["set_fills"] = [fill_recipe(self.seed, TIMING_TRIAL_BASE + k, rank)
+                                                   for k in range(sets.count)]
+                    continue
+                names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
                 paths = []
                 for name in names:
                     target = sets_dir / f"{name}-r{rank}.pt"
                     files.copy_new(target, self.ref_dir / f"in-{name}-r{rank}.pt")
                     paths.append(str(target))
-                per_rank[rank] = {"op": "time_begin", "candidate": str(self.code_path), "sets": paths[:sets.count],
-                                  "fresh": paths[sets.count:], "clone_inputs": sets.mutated}
+                per_rank[rank].update(sets=paths[:sets.count], fresh=paths[sets.count:])
         self.ask(self.pool, per_rank, "timing", limits.time_s)
         self.pool.take_events()
-        probability = min(1.0, self.checks.timed_checks / max(1, self.config.timing.iters))
-        run = timing.drive(self.pool, self.ask, n_sets=sets.count, n_fresh=sets.fresh, config=self.config.timing,
-                           cuda=self.device == "cuda", keep_dir=keep_dir, keep_probability=probability, rng=self.rng,
-                           call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s)
+        judged = [it for it in plan.iterations if it.judged]
+        calls = sum(1 for it in plan.iterations if it.kind != "probe")
+        self.evidence["timed_judging"] = {
+            "refill": plan.refill, **({} if plan.refill else {"why_not": sets.why_not}),
+            "calls": calls, "judged": len(judged), "probes": sum(1 for it in judged if it.kind == "probe"),
+            "miss_probability_at_20pct_wrong": round(
+                timing.miss_probability(calls, len(judged) - sum(1 for it in judged if it.kind == "probe"), 0.2), 6)}
+        run = timing.drive(self.pool, self.ask, plan, n_sets=sets.count, recipes=timing.recipes_for(self.seed),
+                           config=self.config.timing, cuda=self.device == "cuda", keep_dir=keep_dir,
+                           call_timeout=limits.time_s, deadline=time.monotonic() + limits.time_s,
+                           on_kept=lambda kept: None, check_inputs=not sets.mutated)
         self.note_collectives("timing", self.pool.take_events())
         clock: Clock = "cuda_events" if self.device == "cuda" else "host"
         candidate = timing.stats(run, clock)
         self.timings = Timings(reference=ref_stats, candidate=candidate)
         self.stages["timing"] = time.perf_counter() - started
-        self._judge_timed_outputs(run, sets)
-        self._plausibility(run, candidate, ref_stats)
-
-    def _judge_timed_outputs(self, run: timing.TimingRun, sets: Any) -> None:
-        """The kept outputs against the reference's for their input sets; the sets as timing left them."""
-        if not sets.mutated:
+        # Judged after the phase, not between its iterations: the judge's own work (torch's threads spinning
+        # after a comparison) would otherwise slow the candidate's next iterations and not the reference's.
+        # One torch thread: the comparisons are of at most timed_check_elements each, and on a busy machine
+        # torch's thread pool made each one 5-15x slower (30 ms against 170-500 ms at 256K elements, 2 cores).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        wrong: list[tuple[timing.Kept, int, str]] = []
+        try:
+            for kept in run.kept:
+                wrong += self._judge_timed_output(kept, sets, plan.refill)
+        finally:
+            torch.set_num_threads(threads)
+            self.evidence["timed_outputs_judged"] = self._timed_judged
+            for kept in run.kept:  # what judging left (it stopped early): the scratch goes at the end anyway
+                for path in kept.paths.values():
+                    with contextlib.suppress(hostile_files.HostileFile, OSError):
+                        self._remove_kept(files, path)
+        self.stages["timing_judge"] = time.perf_counter() - started - self.stages["timing"]
+        if not plan.refill and not sets.mutated:
             for rank, prints in run.fingerprints.items():
                 if prints != sets.fingerprints.get(rank):
-                    self.flags.append(integrity.MUTATES_INPUTS)
-                    raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
-                                        message=f"rank {rank}: an input set changed while it was timed: the "
-                                                f"candidate modifies its inputs"))
+                    self._inputs_changed(rank, "an input set changed while it was timed")
+        if wrong:
+            self._timed_calls_wrong(wrong)
+        self._plausibility(run, candidate, ref_stats)
+
+    def _inputs_changed(self, rank: int, what: str) -> None:
+        self.flags.append(integrity.MUTATES_INPUTS)
+        raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
+                            message=f"rank {rank}: {what}: the candidate modifies its inputs"))
+
+    def _judge_timed_output(self, kept: timing.Kept, sets: Any, refill: bool) -> list[tuple[timing.Kept, int, str]]:
+        """A judged call of the timing phase: its output against the reference's for the same inputs, with the
+        full tolerance (why it is wrong, per rank); its inputs after the call (the rank compares them with the
+        draw they were copied from): changed inputs end the evaluation at once (phase timing)."""
+        it = kept.iteration
+        stem = f"t{it.trial}" if refill else (f"fresh{kept.set_index}" if it.request == "fresh"
+                                               else f"set{kept.set_index}")
+        self._timed_judged += 1
         files = self.pool.scratch_files if self.pool is not None else None
         assert files is not None
-        wrong = []
-        for kept in run.kept:
-            stem = f"fresh{kept.set_index}" if kept.kind == "fresh" else f"set{kept.set_index}"
-            for rank, path in kept.paths.items():
-                why = self._judge_timed_output(files, path, self.ref_dir / f"exp-{stem}-r{rank}.bin")
-                if why is not None:
-                    wrong.append((kept, rank, why))
-                with self.candidate_files("timing"):
-                    files.unlink(path)
-        self.evidence["timed_outputs_judged"] = len(run.kept)
-        if wrong:
-            kept, rank, why = wrong[0]
-            self.flags.append(integrity.TIMED_OUTPUT_WRONG)
-            raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
-                                message=f"{len(wrong)} of {len(run.kept) * self.world_size} judged timed outputs were "
-                                        f"wrong although the check passed; first: rank {rank}, a {kept.kind} call on "
-                                        f"input set {kept.set_index}: {why}"))
+        wrong: list[tuple[timing.Kept, int, str]] = []
+        for rank, path in sorted(kept.paths.items()):
+            issue = path.with_suffix(".issue")
+            why = self._why_wrong(files, path, self.ref_dir / f"exp-{stem}-r{rank}.bin")
+            if why is not None:
+                wrong.append((kept, rank, why))
+            self._remove_kept(files, path)
+        if refill and not sets.mutated:
+            for rank in sorted(kept.paths):
+                if not kept.intact.get(rank):  # a rank that does not say they are intact has changed them
+                    self._inputs_changed(rank, f"the inputs of a judged {it.kind} call changed during the call")
+        return wrong
 
-    def _judge_timed_output(self, files: hostile_files.Folder, path: Path, expected_path: Path) -> str | None:
-        """Why one kept timed output is wrong, or None. Every file is the rank's: read as hostile."""
+    def _timed_calls_wrong(self, wrong: list[tuple[timing.Kept, int, str]]) -> None:
+        """The verdict of wrong judged calls: `timed_output_wrong`; where only precision probes were wrong
+        (right on random inputs, wrong where the low bits matter), `reduced_precision` too."""
+        plain = [w for w in wrong if w[0].iteration.kind != "probe"]
+        kept, rank, why = (plain or wrong)[0]
+        calls = len({id(w[0]) for w in wrong})
+        self.flags.append(integrity.TIMED_OUTPUT_WRONG)
+        note = ""
+        if not plain:
+            self.flags.append(integrity.REDUCED_PRECISION)
+            note = (" (only precision probes among the timed calls were wrong: right on random inputs, wrong on "
+                    "inputs whose low bits matter: reduced precision when timed)")
+        raise _Stop(Failure(verdict=failures.OUTPUT_MISMATCH, phase="timing", rank=rank,
+                            message=f"{calls} of {self._timed_judged} judged calls of the timing phase were wrong "
+                                    f"although the check passed; first: rank {rank}, a {kept.iteration.kind} call: "
+                                    f"{why}{note}"))
+
+    def _why_wrong(self, files: hostile_files.Folder, path: Path, expected_path: Path) -> str | None:
+        """Why one kept timed output is wrong (a sample of its elements, the full tolerance), or None. Every
+        file is the rank's: read as hostile."""
         issue = path.with_suffix(".issue")
         try:
             if files.exists(issue):
                 return f"not comparable: {files.read_text(issue, 4096)[:200]}"
             expected = trials.reference_file(expected_path)
             got = transport.read_tree(path, trials.output_limit(expected_path.stat().st_size, self.world_size), files)
+            expected, got = timing.sampled(expected, got, self.checks.timed_check_elements, self.rng)
             verdict = compare_outputs(expected, got, self.problem.atol, self.problem.rtol)
         except (transport.TransportError, hostile_files.HostileFile) as err:
             return f"its output could not be read back: {err}"
         except Exception as exc:  # whatever the output is, failing to judge it is its failure
             return f"its output could not be judged: {type(exc).__name__}: {exc}"
         return None if verdict["ok"] else str(verdict["message"])
+
+    def _remove_kept(self, files: hostile_files.Folder, path: Path) -> None:
+        """A kept output and its note, gone from the scratch (through the held folder: no link followed)."""
+        with self.candidate_files("timing"):
+            for name in (path, path.with_suffix(".issue")):
+                if files.exists(name):
+                    files.unlink(name)
 
     @contextlib.contextmanager
     def candidate_files(self, phase: str) -> Iterator[None]:
@@ -496,10 +586,12 @@ class _Evaluation:
             self.flags.append(integrity.TIMING_IMPLAUSIBLE)
             self.evidence["timing_problems"] = problems
         rotated = candidate.fresh_pair_median_ms if candidate.fresh_pair_median_ms is not None else candidate.median_ms
-        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, self.checks):
+        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, reference.median_ms, self.checks):
             self.flags.append(integrity.INPUT_CACHING)
             self.evidence["input_caching"] = {"rotated_median_ms": rotated,
-                                              "fresh_median_ms": candidate.fresh_median_ms}
+                                              "fresh_median_ms": candidate.fresh_median_ms,
+                                              "margin_ms": plausibility.caching_margin_ms(reference.median_ms,
+                                                                                          self.checks)}
         if self.checks.reconcile:
             inconsistent = timing.reconcile(candidate, reference, self.checks)
             if inconsistent:
@@ -584,7 +676,7 @@ def evaluate(
             return ev.result()
         phase = "launch"
         ev.start_pools()
-        seed = integrity.mixed_seed(config.seed, ev.salt)
+        seed = ev.seed = integrity.mixed_seed(config.seed, ev.salt)
         schedule = trials.schedule(config.trials, checks, world_size, ev.rng)
         phase = "reference"
         ref_stats = ev.run_reference(schedule, seed)

@@ -75,19 +75,34 @@ class IntegrityConfig:
     lazy_delay_s: float = _knob(0.05, "pause before re-reading an output, to see whether it still changes", ge=0)
     fresh_iters: int = _knob(5, "timed calls on never-seen inputs, compared with the rotated-input median (input "
                                 "caching)", ge=0)
-    timed_checks: int = _knob(6, "timed calls whose outputs are judged (chosen at random after each returned)", ge=0)
+    timed_checks: int = _knob(22, "calls of the timing phase whose outputs are judged, drawn at random among all of "
+                                   "them (warm-up, timed, host-timed, fresh) from the evaluation's secret; a rank "
+                                   "learns it after the call. 22: a candidate wrong on 20% of its calls is caught "
+                                   "with probability >= 1 - 0.8^22 = 0.993 (docs/harness.md)", ge=0)
+    timed_probes: int = _knob(2, "precision-probe calls placed at random among the timed calls (always judged, never "
+                                 "counted): reduced precision only where a call looks timed", ge=0)
+    timed_check_elements: int = _knob(1 << 20, "a judged timed output tensor larger than this is compared at this many "
+                                               "positions drawn at random by the judge (every element in the "
+                                               "correctness phase)", ge=1)
+    timed_check_bytes: int = _knob(4 << 30, "at most this many bytes of expected outputs (all ranks) judged in timing: "
+                                            "very large outputs judge fewer calls (the record states the detection "
+                                            "probability that leaves)", ge=0)
     busy_bytes: int = _knob(256 << 20, "GPU: low-priority work kept running around every checked call", ge=4)
     guard: bool = _knob(True, "the rank's tripwire: harness and runtime callables verified after every request")
     caching_ratio: float = _knob(1.5, "fresh median above ratio * median + margin reads as input caching", ge=1.0)
-    caching_margin_ms: float = _knob(10.0, "the margin of caching_ratio", ge=0)
+    caching_margin_ms: float = _knob(0.5, "the margin of caching_ratio: at least this (the noise floor) ...", ge=0)
+    caching_margin_work: float = _knob(0.25, "... or this share of the reference's measured median per call, whichever "
+                                            "is larger: a margin that grows with the work", ge=0)
     impossible_slack: float = _knob(0.9, "median below slack * roofline bound reads as impossible", gt=0, le=1.0)
     reconcile: bool = _knob(True, "claimed times checked against the harness's own clock")
     unexplained_ratio: float = _knob(1.0, "per-iteration time the claims leave unexplained, beyond the reference's, "
                                           "above max(margin, ratio * claimed median) is timing_inconsistent", ge=0)
-    # 5 ms on CPU: a candidate pool and the reference pool are timed apart, and on a loaded 2-core machine
-    # the scheduler alone put more than 2 ms between them (a false timing_inconsistent, 2026-12-01). What
-    # hides 10 ms a call (tests/exploits/scale_reported_times.py) is still caught.
-    unexplained_margin_ms: float = _knob(5.0, "the margin of unexplained_ratio", ge=0)
+    # The floor on CPU: a candidate pool and the reference pool are timed apart, and on a loaded 2-core
+    # machine the scheduler alone puts milliseconds between them (docs/harness.md has the measurements).
+    unexplained_margin_ms: float = _knob(5.0, "the margin of unexplained_ratio: at least this (the noise floor) ...",
+                                         ge=0)
+    unexplained_work_ratio: float = _knob(0.5, "... or this share of the reference's measured median per call, "
+                                               "whichever is largest", ge=0)
     # The sandbox's resource limits (harness.sandbox.limits), per rank: a sandbox holds the W ranks of one
     # evaluation and gets W times each. Going over is the candidate's runtime_error, naming the limit.
     # Memory: the largest need known is PKB's 68 and 77 at their base shapes (13-16 GiB a rank, docs/pkb.md);
@@ -109,8 +124,8 @@ class IntegrityConfig:
     def for_device(cls, device: str) -> IntegrityConfig:
         if device == "cuda":
             # busy: ~1 ms of short low-priority blocks around a checked call (fill + multiply, 4 TB/s).
-            return cls(stress_delay_s=0.002, jitter_s=0.0002, lazy_delay_s=0.01, caching_margin_ms=0.02,
-                       busy_bytes=1 << 30, unexplained_margin_ms=0.1)
+            return cls(stress_delay_s=0.002, jitter_s=0.0002, lazy_delay_s=0.01, caching_margin_ms=0.005,
+                       busy_bytes=1 << 30, unexplained_margin_ms=0.03)
         return cls()
 
     def to_dict(self) -> dict[str, Any]:

@@ -71,12 +71,17 @@ class TimingStats(BaseModel):
         None, description="the harness's own clock: median time from sending a timed iteration's request to the "
                           "last rank's reply (spin, barrier and pipe included)")
     unexplained_low_ms: float | None = Field(
-        None, description="20th percentile of span - claimed call time - spin per timed iteration; compared "
-                          "with the reference's to reconcile claimed times with the harness's clock")
+        None, description="20th percentile of span - claimed call time - spin per counted iteration (timed, "
+                          "fresh-pair, host-latency; the span of the call's own request, not of the one that "
+                          "prepared its inputs); compared with the reference's to reconcile claimed times with "
+                          "the harness's clock")
     host_span_median_ms: float | None = Field(
         None, description="the harness's own clock around each host-latency iteration")
-    judged_outputs: int = Field(0, description="timed calls whose outputs were kept (chosen after they returned) "
-                                               "and judged")
+    judged_outputs: int = Field(0, description="calls of the timing phase whose outputs were judged (drawn at random "
+                                               "from the evaluation's secret; a rank learns it after the call)")
+    refill_median_ms: float | None = Field(
+        None, description="median time a rank took to draw a call's fresh inputs, outside the timed window "
+                          "(device time on a GPU, host time on CPU; slowest rank)")
 
 
     @classmethod

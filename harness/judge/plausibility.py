@@ -27,12 +27,22 @@ def timing_problems(times_ms: Iterable[float]) -> list[str]:
     return []
 
 
-def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, config: IntegrityConfig) -> bool:
-    """True when calls on never-seen inputs are much slower than their neighbouring calls on rotated
-    input sets: the rotated calls were answered from a cache keyed on inputs the candidate had seen."""
+def caching_margin_ms(reference_median_ms: float, config: IntegrityConfig) -> float:
+    """The caching check's margin: the noise floor, or a share of what one honest call costs (the reference's
+    median, measured in the clean pool), whichever is larger."""
+    work = reference_median_ms if math.isfinite(reference_median_ms) else 0.0
+    return max(config.caching_margin_ms, config.caching_margin_work * work)
+
+
+def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, reference_median_ms: float,
+                      config: IntegrityConfig) -> bool:
+    """True when calls on never-seen buffers are much slower than their neighbouring calls on the rotated
+    ones: something the candidate keeps per buffer (or per input content) saved work on the rotated calls.
+    Every timed call's contents are fresh (harness.rank.refill), so only what is keyed on the buffers
+    themselves is left for this check to see."""
     if fresh_median_ms is None or not math.isfinite(fresh_median_ms):
         return False
-    return fresh_median_ms > config.caching_ratio * rotated_ms + config.caching_margin_ms
+    return fresh_median_ms > config.caching_ratio * rotated_ms + caching_margin_ms(reference_median_ms, config)
 
 
 def roofline_bound_ms(problem: Any, shape: str, world_size: int, device: str) -> float | None:

@@ -39,8 +39,10 @@ class TimingSets:
     count: int
     fresh: int
     set_bytes: int
-    fingerprints: dict[int, list[list[int]]]  # rank -> set (rotated, then fresh) -> fingerprint
-    mutated: bool  # the reference modifies its inputs (then sets are not checked for mutation)
+    fingerprints: dict[int, list[list[int]]]  # without refill: rank -> set (rotated, then fresh) -> fingerprint
+    mutated: bool  # the reference modifies its inputs (then inputs are not checked for mutation)
+    refill: bool = True  # every timed call draws new inputs from a recipe (harness.rank.refill)
+    why_not: str | None = None  # why not, where not
 
 
 @dataclass
@@ -140,37 +142,56 @@ class ReferenceRun:
             raise ReferenceFailed(f"the reference pool's trial records are malformed: {err!r}") from err
         self.trial_seconds = sorted(per_trial)[len(per_trial) // 2] if per_trial else 0.0
 
-    def prepare_sets(self, seed: int, config: TimingConfig, fresh: int) -> TimingSets:
+    def prepare_sets(self, seed: int, config: TimingConfig, fresh: int, plan: timing.Plan) -> TimingSets:
+        """How many rotated sets timing uses, and the expected outputs of the plan's judged calls (or, where a
+        rank cannot draw its inputs, the sets and fresh sets as files with their outputs)."""
+        judged = [{"trial": it.trial, "probe": it.kind == "probe"} for it in plan.judged]
         replies = self._ask({"op": "ref_sets", "problem": self.problem.loader_spec, "shape": self.shape,
-                             "seed": seed, "trial_base": TIMING_TRIAL_BASE, "fresh": fresh,
+                             "seed": seed, "trial_base": TIMING_TRIAL_BASE, "fresh": fresh, "judged": judged,
                              "config": config.model_dump(), "dir": str(self.folder)}, "the timing inputs",
                            self.limit_for(config.max_input_sets + fresh))
         try:
             for reply in replies:
                 self._note_groups(reply.get("groups", []))
+            refill = bool(replies[0].get("refill"))
             self.sets = TimingSets(count=int(replies[0]["input_sets"]), fresh=fresh,
                                    set_bytes=int(replies[0]["set_bytes"]),
-                                   fingerprints={r["rank"]: r["fingerprints"] for r in replies},
-                                   mutated=any(r.get("mutated") for r in replies))
+                                   fingerprints={r["rank"]: r.get("fingerprints", []) for r in replies},
+                                   mutated=any(r.get("mutated") for r in replies), refill=refill,
+                                   why_not=None if refill else str(replies[0].get("why_not")))
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise ReferenceFailed(f"the reference pool's timing sets are malformed: {err!r}") from err
         return self.sets
 
-    def time(self, config: TimingConfig, seed: int) -> TimingStats:
-        """The reference timed with the candidate's protocol (no outputs kept: they were saved already)."""
+    def time(self, config: TimingConfig, seed: int, plan: timing.Plan) -> TimingStats:
+        """The reference timed with the candidate's protocol and plan: the same recipes, the same hand-overs
+        of judged outputs (written to this private folder and dropped: the expected ones were saved)."""
         assert self.pool is not None and self.sets is not None
         self._ask({"op": "time_begin", "problem": self.problem.loader_spec, "fresh": False,
                    "clone_inputs": self.sets.mutated}, "timing set-up")
         budget = self.limit_for(config.warmup + config.iters + config.host_iters)
         call = self.limit_for(1)
         deadline = time.monotonic() + budget[0]
+        kept_dir = self.folder / "reference-kept"
+        kept_dir.mkdir(exist_ok=True)
 
         def ask(pool: RankPool, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
             return self._ask(message, "timing", (min(timeout, call[0]), call[1]))
 
-        run = timing.drive(self.pool, ask, n_sets=self.sets.count, n_fresh=0, config=config,
-                           cuda=self.device == "cuda", keep_dir=None, keep_probability=0.0,
-                           rng=random.Random(seed), call_timeout=call[0], deadline=deadline)
+        def drop(kept: timing.Kept) -> None:
+            for path in kept.paths.values():
+                path.unlink(missing_ok=True)
+                path.with_suffix(".issue").unlink(missing_ok=True)
+
+        if not self.sets.refill:
+            plan = plan.without_refill()
+        # The reference never gets fresh calls (it caches nothing); they are the candidate's check.
+        ref_plan = timing.Plan([it for it in plan.iterations if it.request != "fresh"], refill=plan.refill)
+        run = timing.drive(self.pool, ask, ref_plan, n_sets=self.sets.count,
+                           recipes=timing.recipes_for(seed),
+                           config=config, cuda=self.device == "cuda", keep_dir=kept_dir,
+                           call_timeout=call[0], deadline=deadline, on_kept=drop,
+                           check_inputs=not self.sets.mutated)  # as the candidate's hand-overs do
         return timing.stats(run, "cuda_events" if self.device == "cuda" else "host")
 
     def close(self) -> None:
@@ -187,7 +208,9 @@ class ReferenceRun:
 def time_reference_in_pool(pool: RankPool, problem: Problem, shape: str, device: str, folder: Path, *,
                            seed: int = 0, config: TimingConfig | None = None, timeout: float = 300.0) -> TimingStats:
     """The reference timed in an existing trusted pool, exactly as evaluations time it (pkb roofline)."""
+    config = config or TimingConfig.for_device(device)
     run = ReferenceRun(problem, shape, pool.world_size, device, folder, timeout, pool=pool)
-    run.prepare_sets(seed, config or TimingConfig.for_device(device), fresh=0)
-    return run.time(config or TimingConfig.for_device(device), seed)
+    plan = timing.make_plan(config, 0, judged=0, probes=0, rng=random.Random(seed))
+    run.prepare_sets(seed, config, fresh=0, plan=plan)
+    return run.time(config, seed, plan)
 

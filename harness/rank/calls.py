@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from harness.rank import pristine
+
 # Bound at import, before any candidate exists.
 _cuda_sleep: Callable[[int], None] = torch.cuda._sleep  # torch leaves _sleep(cycles) unannotated
 _cuda_synchronize = torch.cuda.synchronize
@@ -53,41 +55,52 @@ def clone_tree(value: Any) -> Any:
     return value
 
 
-def snapshot(value: Any) -> Any:
-    """A private copy of an output, queued on the current stream, so it sees the output as the caller's
-    stream sees it at this moment, not after other streams finish."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(snapshot(v) for v in value)
-    if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
+def _copy(value: Any) -> Any:
+    """Tensors cloned; lists and tuples (of any subclass) rebuilt as plain ones; dicts as plain dicts."""
+    if pristine.builtin_isinstance(value, pristine.Tensor):
+        return pristine.clone(pristine.detach(value))
+    if pristine.builtin_isinstance(value, tuple):
+        return pristine.builtin_tuple([_copy(v) for v in pristine.items(value)])
+    if pristine.builtin_isinstance(value, list):
+        return [_copy(v) for v in pristine.items(value)]
+    if pristine.builtin_isinstance(value, dict):
+        return {k: _copy(v) for k, v in pristine.dict_items(value)}
     return value
 
 
+def snapshot(value: Any) -> Any:
+    """A private copy of an output, queued on the current stream, so it sees the output as the caller's
+    stream sees it at this moment, not after other streams finish. Made with torch's modes off and the
+    functions bound in harness.rank.pristine: nothing the candidate left in the process runs here."""
+    with pristine.quiet():
+        return _copy(value)
+
+
 def _raw(t: torch.Tensor) -> torch.Tensor:
-    if t.layout == torch.sparse_coo:
-        t = t.detach().coalesce()
-        return torch.cat([_raw(t.indices()), _raw(t.values())])
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    if pristine.layout_of(t) == pristine.sparse_coo:
+        t = pristine.coalesce(pristine.detach(t))
+        return pristine.cat([_raw(pristine.indices(t)), _raw(pristine.values(t))])
+    return pristine.view(pristine.reshape(pristine.contiguous(pristine.detach(t)), -1), pristine.uint8)
 
 
 def same_bytes(a: Any, b: Any) -> bool:
     """Bitwise equality of two values' leaves (NaN-safe); False when their structure differs."""
-    xs, ys = list(leaves(a)), list(leaves(b))
-    if len(xs) != len(ys):
-        return False
-    for x, y in zip(xs, ys):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+    with pristine.quiet():
+        xs, ys = list(leaves(a)), list(leaves(b))
+        if len(xs) != len(ys):
             return False
-        if isinstance(x, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or x.layout != y.layout:
+        for x, y in zip(xs, ys):
+            if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
                 return False
-            if not torch.equal(_raw(x), _raw(y).to(x.device)):
+            if isinstance(x, torch.Tensor):
+                if (pristine.shape_of(x) != pristine.shape_of(y) or pristine.dtype_of(x) != pristine.dtype_of(y)
+                        or pristine.layout_of(x) != pristine.layout_of(y)):
+                    return False
+                if not pristine.equal(_raw(x), pristine.to(_raw(y), pristine.device_of(x))):
+                    return False
+            elif x != y and x == x:  # x != x only for NaN
                 return False
-        elif x != y and x == x:  # x != x only for NaN
-            return False
-    return True
+        return True
 
 
 def fingerprint(value: Any, chunk: int = 1 << 24) -> list[int]:
@@ -96,15 +109,19 @@ def fingerprint(value: Any, chunk: int = 1 << 24) -> list[int]:
     reference pool's fingerprint of pristine inputs and a candidate rank's fingerprint after its call
     can be compared by the judge without moving the inputs."""
     parts: list[torch.Tensor] = []
-    for leaf in leaves(value):
-        if not isinstance(leaf, torch.Tensor) or leaf.numel() == 0:
-            continue
-        raw = _raw(leaf)
-        for start in range(0, raw.numel(), chunk):
-            words = raw[start:start + chunk].to(torch.int64)
-            weights = torch.arange(start + 1, start + 1 + words.numel(), device=raw.device) % 1_000_003
-            parts += [words.sum(), (words * weights).sum()]
-    return [int(v) for v in torch.stack(parts).tolist()] if parts else []
+    with pristine.quiet():
+        for leaf in leaves(value):
+            if not isinstance(leaf, torch.Tensor) or pristine.numel(leaf) == 0:
+                continue
+            raw = _raw(leaf)
+            total = pristine.numel(raw)
+            for start in range(0, total, chunk):
+                count = min(chunk, total - start)
+                words = pristine.to(pristine.narrow(raw, 0, start, count), pristine.int64)
+                weights = pristine.remainder(pristine.arange(start + 1, start + 1 + count,
+                                                             device=pristine.device_of(raw)), 1_000_003)
+                parts += [pristine.tensor_sum(words), pristine.tensor_sum(pristine.mul(words, weights))]
+        return [int(v) for v in pristine.tolist(pristine.stack(parts))] if parts else []
 
 
 def delay(seconds: float, device: torch.device) -> None:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from harness import failures
 from harness.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
-from harness.rank import transport
+from harness.rank import refill, transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
 from harness.rank.timed import TimedSession
 
@@ -41,6 +41,12 @@ def setup(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
 
         root, _ = checkout.parse_spec(spec)
         checkout.ensure_importable(root)
+    if spec:
+        # Loaded now, before any candidate code: timed calls draw their inputs with its make_inputs, bound
+        # here (a candidate that replaces it later draws inputs the judge's expected outputs do not match).
+        problem = worker.problem(spec)
+        worker.timing_draw = refill.drawer(problem, problem.shape(req["shape"]), worker.rank, worker.world_size,
+                                           worker.device) if req.get("shape") else None
     for ranks in req.get("groups", []):
         key = tuple(int(r) for r in ranks) if ranks is not None else None
         if key not in worker.groups:
@@ -75,7 +81,8 @@ def load(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         # Everything the worker relies on, as it is before the first line of candidate code runs. (Its module
         # is looked up, not imported: harness.rank.worker imports this one.)
         worker_module = sys.modules[type(worker).__module__]
-        worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker)])
+        problems = [(f"problem {spec}", p.module) for spec, p in worker.problems.items()]
+        worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker), *problems])
         worker.baseline_threads = {t.ident for t in threading.enumerate() if t.ident is not None}
     collectives = worker.monitor.state()
     monitored = worker.monitor.watch(lambda: load_candidate(Path(req["candidate"]), int(req["params"])),
@@ -146,14 +153,21 @@ def _is_build_error(exc: BaseException) -> bool:
 
 
 def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
-    """Load timing's input sets (files the trusted pool wrote) onto the device."""
+    """Timing's input sets on the device: drawn here from the recipes the request brings, where timed calls
+    draw their inputs anew (`set_fills`), else loaded from the files the trusted pool wrote."""
     fn = worker.monitor.watch(worker.candidates[req["candidate"]].solution, lambda: True)
+    draw = worker.timing_draw if req.get("set_fills") is not None else None
     try:
-        sets = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req["sets"]]
-        fresh = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req.get("fresh", [])]
+        if req.get("set_fills") is not None:
+            if draw is None:
+                raise RuntimeError("no problem was set up to draw inputs with")
+            sets, fresh = [draw(recipe) for recipe in req["set_fills"]], []
+        else:
+            sets = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req["sets"]]
+            fresh = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req.get("fresh", [])]
     except Exception as exc:
         return _fail(failures.INFRA_ERROR, f"rank {worker.rank}: timing inputs could not be loaded: {exc}")
     worker.sync()
     worker.timing = TimedSession(fn, sets, fresh, worker.device, plain=transport.describe_unsupported,
-                                 clone=bool(req.get("clone_inputs")))
+                                 clone=bool(req.get("clone_inputs")), draw=draw)
     return {"ok": True, "input_sets": len(sets), "modules": len(sys.modules)}

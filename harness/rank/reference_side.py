@@ -10,16 +10,17 @@ when the reference modifies them), and the same for timing's input sets (`set-`,
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness import failures, integrity
+from harness import failures, integrity, seeds
 from harness.candidate import trimmed_traceback
-from harness.rank import transport
-from harness.rank.calls import clone_tree, fingerprint, leaves
+from harness.rank import refill, transport
+from harness.rank.calls import clone_tree, fingerprint, leaves, same_bytes
 from harness.rank.timed import TimedSession, agree_min, input_sets_needed, l2_and_free
 
 if TYPE_CHECKING:
@@ -79,16 +80,16 @@ class ReferenceOutputError(RuntimeError):
 
 
 def _run_reference(worker: Worker, problem: Problem, inputs: tuple[Any, ...], folder: Path,
-                   stem: str) -> dict[str, Any]:
-    """Save the inputs, run the reference on a copy, save its output (and its inputs if it changed them)."""
-    before = fingerprint(inputs)
-    groups = transport.save_inputs(folder / f"in-{stem}-r{worker.rank}.pt", inputs)
+                   stem: str, save_inputs: bool = True) -> dict[str, Any]:
+    """Save the inputs and their fingerprint (unless the candidate's rank draws them itself), run the
+    reference on a copy, save its output (and its inputs if it changed them)."""
+    before = fingerprint(inputs) if save_inputs else None
+    groups = transport.save_inputs(folder / f"in-{stem}-r{worker.rank}.pt", inputs) if save_inputs else []
     theirs = clone_tree(inputs)
     out = problem.solution(*theirs)
     worker.sync()
     _write_expected(folder / f"exp-{stem}-r{worker.rank}.bin", out)
-    after = fingerprint(theirs)
-    mutated = after != before
+    mutated = not same_bytes(inputs, theirs)
     if mutated:
         transport.write_tree(folder / f"after-{stem}-r{worker.rank}.bin",
                              [t for t in leaves(theirs) if isinstance(t, torch.Tensor)])
@@ -129,8 +130,12 @@ def trials(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
-    """Op "ref_sets": timing's rotated input sets (enough that one pass exceeds 3x L2) and its fresh sets,
-    saved with the reference's outputs, and kept in memory for the reference's own timing."""
+    """Op "ref_sets": how many rotated input sets timing needs (one pass over them exceeds 3x L2), and the
+    expected outputs of the calls the harness will judge. Where a rank can draw its inputs from a recipe
+    (harness.rank.refill) every timed call gets new contents, so what is saved is the judged calls' outputs
+    (`t<trial>` files; no inputs are written: the candidate's ranks draw their own). Where it cannot (inputs
+    holding process groups or modules), the rotated and fresh sets are saved with their outputs, as files
+    the candidate's ranks load (`set<k>`, `fresh<j>`)."""
     problem = worker.problem(req["problem"])
     shape = problem.shape(req["shape"])
     seed, base = int(req["seed"]), int(req["trial_base"])
@@ -142,6 +147,9 @@ def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         wanted = input_sets_needed(set_bytes, l2_bytes, req.get("config", {}), free_bytes) \
             if worker.device.type == "cuda" else int(req.get("config", {}).get("min_input_sets", 2))
         n_sets = agree_min(wanted, worker.device)
+        why_not = refill.not_refillable(first) if req.get("refill", True) else "refill is off"
+        if agree_min(int(why_not is None), worker.device):  # every rank must choose alike
+            return _judged_outputs(worker, problem, shape, req, n_sets, set_bytes, l2_bytes)
         sets = [first] + [worker.inputs(problem, shape, seed, base + i) for i in range(1, n_sets)]
         fresh = [worker.inputs(problem, shape, seed, base + integrity.FRESH_TRIAL_OFFSET + j)
                  for j in range(int(req.get("fresh", 0)))]
@@ -159,18 +167,48 @@ def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         return _fail(failures.INFRA_ERROR, f"rank {worker.rank}: the reference raised {type(exc).__name__} on "
                                            f"timing inputs: {exc}", evidence=trimmed_traceback(exc))
     worker.timing_sets = (sets, fresh)
-    return {"ok": True, "input_sets": n_sets, "set_bytes": set_bytes, "l2_bytes": l2_bytes,
-            "fingerprints": prints, "mutated": mutated, "groups": groups}
+    worker.timing_draw = None
+    return {"ok": True, "refill": False, "why_not": why_not, "input_sets": n_sets, "set_bytes": set_bytes,
+            "l2_bytes": l2_bytes, "fingerprints": prints, "mutated": mutated, "groups": groups}
+
+
+def _judged_outputs(worker: Worker, problem: Problem, shape: dict[str, Any], req: dict[str, Any], n_sets: int,
+                    set_bytes: int, l2_bytes: int) -> dict[str, Any]:
+    """The reference's outputs of every call the harness will judge, drawn from the same recipes the
+    candidate's ranks will get; the rotated sets' first contents for the reference's own timing."""
+    seed, base, folder = int(req["seed"]), int(req["trial_base"]), Path(req["dir"])
+    draw = refill.drawer(problem, shape, worker.rank, worker.world_size, worker.device)
+    mutated = False
+    for judged in req.get("judged", []):
+        trial = int(judged["trial"])
+        inputs = draw(seeds.fill_recipe(seed, trial, worker.rank, bool(judged.get("probe"))))
+        info = _run_reference(worker, problem, inputs, folder, f"t{trial}", save_inputs=False)
+        del info["out"], inputs
+        mutated = mutated or info["mutated"]
+    worker.timing_sets = ([draw(seeds.fill_recipe(seed, base + k, worker.rank)) for k in range(n_sets)], [])
+    worker.timing_draw = draw
+    return {"ok": True, "refill": True, "input_sets": n_sets, "set_bytes": set_bytes, "l2_bytes": l2_bytes,
+            "mutated": mutated, "groups": []}
 
 
 def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
-    """Timing of the reference on the sets ref_sets drew (its outputs are dropped: they were saved)."""
+    """Timing of the reference on the sets ref_sets drew, every call's inputs drawn anew from the recipes the
+    requests bring where ref_sets found that possible (its outputs are dropped: the judged ones were saved)."""
     if worker.timing_sets is None:
         return _fail(failures.INFRA_ERROR, "time_begin before ref_sets")
     problem = worker.problem(req["problem"])
     sets, fresh = worker.timing_sets
-    worker.timing = TimedSession(problem.solution, sets, fresh if req.get("fresh") else [], worker.device,
-                                 plain=lambda out: None, clone=bool(req.get("clone_inputs")))
+    # What a candidate's rank does around each timed call, done here too, so that the harness's clock sees
+    # the same per-request work on both sides: the collective monitor's watch, the plain-data check of the
+    # output, the guard's checks after every request (harness.rank.worker.serve; never judged here).
+    if not worker.guard.captured:
+        worker_module = sys.modules[type(worker).__module__]
+        worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker),
+                                    *((f"problem {spec}", p.module) for spec, p in worker.problems.items())])
+    solution = worker.monitor.watch(problem.solution, lambda: True)
+    worker.timing = TimedSession(solution, sets, fresh if req.get("fresh") else [], worker.device,
+                                 plain=transport.describe_unsupported, clone=bool(req.get("clone_inputs")),
+                                 draw=worker.timing_draw)
     return {"ok": True, "input_sets": len(sets)}
 
 

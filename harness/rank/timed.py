@@ -1,13 +1,17 @@
 """One timed call at a time, for the reference and the candidate alike. Rank side; torch + stdlib.
 
 The harness drives timing one iteration per request (harness.judge.timing), so it can time every
-iteration with its own clock and decide, only after a call has returned, whether that call's output is
-kept and judged. Per iteration on a GPU: flush L2 (write a buffer twice its size), a device-side spin
-long enough for the host to enqueue the whole iteration before the GPU reaches it (the harness sets its
-length from the warm-up's enqueue times), a cross-rank device barrier, start event, one call, end event,
-then (outside the timed window) a copy of the output kept until the next request says whether to hand
-it over. Without the spin, small calls measure Python launch latency, not the GPU. On CPU the same
-steps run with host clocks and a gloo barrier: the numbers only prove the plumbing.
+iteration with its own clock and tell a rank, only after a call has returned, that its output is judged.
+Per iteration, in a request of its own before the call's (`prepare`): the previous call's output copy is
+handed over if the harness judges it, and the call's inputs are drawn anew from the request's recipe and
+copied into the set's buffers (harness.rank.refill: no call sees contents an earlier call saw). Then, in
+the call's request, on a GPU: flush L2 (write a buffer twice its size), a device-side spin long enough
+for the host to enqueue the whole iteration before the GPU reaches it (the harness sets its length from
+the warm-up's enqueue times), a cross-rank device barrier, start event, one call, end event, then
+(outside the timed window) a copy of the output, taken before any other harness code touches it
+(harness.rank.pristine), kept until the next request says whether to hand it over. Without the spin,
+small calls measure Python launch latency, not the GPU. On CPU the same steps run with host clocks and a
+gloo barrier: the numbers only prove the plumbing.
 
 Clocks, events and collectives are bound when this module is imported, before any candidate exists;
 a candidate can still rebind them (it runs in this process), which is why the judge treats every number
@@ -25,8 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.rank import transport
-from harness.rank.calls import SM_CYCLES_PER_S, clone_tree, fingerprint, snapshot
+from harness.rank import refill, transport
+from harness.rank.calls import SM_CYCLES_PER_S, clone_tree, fingerprint, same_bytes, snapshot
 
 _clock = time.perf_counter
 _Event = torch.cuda.Event
@@ -78,49 +82,100 @@ class TimedSession:
     """The input sets of one timing phase on this rank and the call under test."""
 
     def __init__(self, fn: Callable[..., Any], sets: list[tuple[Any, ...]], fresh: list[tuple[Any, ...]],
-                 device: torch.device, plain: Callable[[Any], str | None], clone: bool = False) -> None:
+                 device: torch.device, plain: Callable[[Any], str | None], clone: bool = False,
+                 draw: refill.Draw | None = None) -> None:
         """`clone`: give every call a fresh copy of its input set (made before the flush, outside the timed
         window), for problems whose reference modifies its inputs: without it each call would see the
-        previous call's leftovers, and no output could be checked."""
+        previous call's leftovers, and no output could be checked. `draw`: how this rank draws a call's
+        inputs from the recipe its request brings (harness.rank.refill); None where the inputs cannot be
+        drawn in a rank (they hold process groups or modules): then the sets are used as given."""
         self.fn = fn
         self.clone = clone
         self.sets = sets
         self.fresh = fresh
         self.device = device
         self.plain = plain  # why an output is not plain data, or None
+        self.draw = draw
         self.cuda = device.type == "cuda"
         l2_bytes, _ = l2_and_free(device)
         self.flush = torch.empty(2 * l2_bytes // 4 + 1, dtype=torch.int32, device=device) if self.cuda else None
         self.token = torch.zeros(1, device=device)
         self.kept: Any = None
         self.kept_issue: str | None = None
+        self.kept_args: Any = None  # the previous call's inputs and a pristine copy, to check them if it is judged
+        self.kept_pristine: Any = None
+        self.next: tuple[str, tuple[Any, ...]] | None = None  # what `prepare` drew for the coming call
 
-    def _hand_over(self, path: str | None) -> int:
+    def _hand_over(self, req: dict[str, Any]) -> dict[str, Any]:
         """Write the previous call's output copy where the harness asked (it chose after that call had
-        returned), then forget it. Returns the bytes written."""
-        kept, issue, self.kept, self.kept_issue = self.kept, self.kept_issue, None, None
+        returned), and if asked whether that call's inputs are still as drawn (bit for bit against the draw
+        they were copied from), then forget both."""
+        kept, issue, args, pristine = self.kept, self.kept_issue, self.kept_args, self.kept_pristine
+        self.kept, self.kept_issue, self.kept_args, self.kept_pristine = None, None, None, None
+        path = req.get("keep_previous")
+        done: dict[str, Any] = {"kept_bytes": 0}
         if not path:
-            return 0
+            return done
         if issue is not None:
             Path(path).with_suffix(".issue").write_text(issue)
-            return 0
-        return transport.write_tree(Path(path), kept)
+        else:
+            done["kept_bytes"] = transport.write_tree(Path(path), kept)
+        if req.get("check_previous") and args is not None and pristine is not None:
+            done["kept_intact"] = same_bytes(args, pristine)
+        return done
 
-    def _inputs(self, kind: str, index: int) -> tuple[Any, ...]:
+    def _inputs(self, kind: str, index: int, fill: dict[str, Any] | None) -> tuple[tuple[Any, ...], Any]:
+        """The call's inputs and a pristine copy of them (None without a recipe). With a recipe: a rotated set
+        refilled in place with a fresh draw (the draw is the copy), or replaced by the draw where its
+        structure differs, or for a fresh call the draw itself, never seen before. Without: the set as given."""
+        if self.draw is not None and fill is not None:
+            drawn = self.draw(fill)
+            if kind == "fresh":
+                return drawn, clone_tree(drawn)
+            if not 0 <= index < len(self.sets):
+                raise IndexError(f"no input set {index}")
+            args, in_place = refill.refill(self.sets[index], drawn)
+            self.sets[index] = args
+            return args, drawn if in_place else clone_tree(drawn)
         group = self.fresh if kind == "fresh" else self.sets
         if not 0 <= index < len(group):
             raise IndexError(f"no {kind} input set {index}")
-        return group[index]
+        return group[index], None
 
-    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The request before each timed call: hand over the previous call's output if it is judged, then draw
+        this call's inputs into its buffers and wait for the device to finish drawing. Apart from the call's
+        own request, so that the harness's clock around the call sees neither (the drawing and the writing
+        of an output vary far more on a busy machine than the call's protocol does)."""
         kind, index = req["kind"], int(req["set"])
         if kind not in KINDS:
             raise ValueError(f"unknown timing call kind {kind!r}")
-        written = self._hand_over(req.get("keep_previous"))
-        args = self._inputs(kind, index)
+        reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}
+        began = _clock()
+        if self.cuda:
+            r0, r1 = _Event(enable_timing=True), _Event(enable_timing=True)
+            _record(r0)
+        args, pristine = self._inputs(kind, index, req.get("fill"))
         if self.clone:
             args = clone_tree(args)
-        reply: dict[str, Any] = {"ok": True, "kept_bytes": written}
+        self.kept_args, self.kept_pristine = args, pristine
+        self.next = (kind, args)
+        if self.cuda:
+            _record(r1)
+            _cuda_synchronize(self.device)  # the drawing never runs beside a timed call (ranks may share a GPU)
+            reply["refill_ms"] = _elapsed_time(r0, r1)
+        reply["refill_host_ms"] = (_clock() - began) * 1e3
+        reply.setdefault("refill_ms", reply["refill_host_ms"])
+        return reply
+
+    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One timed call on the inputs the last `prepare` drew (or, without a prepare, on the set as given,
+        after handing the previous output over)."""
+        if self.next is None:
+            self.prepare(req)
+        assert self.next is not None
+        (kind, args), self.next = self.next, None
+        reply: dict[str, Any] = {"ok": True}
         if kind == "host":
             device_barrier(self.device, self.token)
             if self.cuda:
@@ -157,14 +212,18 @@ class TimedSession:
         return reply
 
     def _keep(self, out: Any) -> None:
+        """A copy of the output, taken after the clock stopped and before anything else touches it, with
+        torch's modes off and functions bound before the candidate existed (harness.rank.pristine)."""
         issue = self.plain(out)
         self.kept, self.kept_issue = (snapshot(out), None) if issue is None else (None, issue)
 
     def finish(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Hand over the last kept output if asked; fingerprints of every input set as timing left them."""
-        written = self._hand_over(req.get("keep_previous"))
+        """Hand over the last kept output if asked; without recipes, fingerprints of every input set as timing
+        left them (with recipes every call had new contents: judged calls' inputs were fingerprinted one by one)."""
+        reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}
         if self.cuda:
             _cuda_synchronize(self.device)
-        prints = [fingerprint(s) for s in self.sets] + [fingerprint(s) for s in self.fresh]
+        prints = [] if self.draw is not None else [fingerprint(s) for s in [*self.sets, *self.fresh]]
         self.sets, self.fresh, self.flush = [], [], None
-        return {"ok": True, "kept_bytes": written, "fingerprints": prints}
+        reply["fingerprints"] = prints
+        return reply

@@ -19,7 +19,6 @@ Two directions, two formats, because they differ in who is trusted:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import struct
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from harness import hostile_files
+from harness.rank import pristine
 
 HEADER_LIMIT = 16 << 20  # bytes of JSON header a reader accepts
 MAX_DEPTH = 32
@@ -58,32 +58,47 @@ class UnsupportedValue(TransportError):
     """The value holds something outside the output format (the message names what and where)."""
 
 
-# -- outputs: writing ------------------------------------------------------------------------------
+# -- outputs: writing (in a rank: what runs here runs where the candidate ran) -------------------------
+# Everything below reads the candidate's value through harness.rank.pristine (functions bound before any
+# candidate existed, torch's modes off) and writes with os functions bound here, at import: a candidate
+# that rebinds ctypes.string_at, builtins.open, json or torch.Tensor methods changes nothing written.
+_encode_str = getattr(json.encoder, "c_encode_basestring_ascii", None) or json.encoder.encode_basestring_ascii
+_int_repr, _float_repr = int.__repr__, float.__repr__
+_str_join = str.join
+
+
 def describe_unsupported(value: Any, where: str = "out") -> str | None:
-    """Why `value` cannot travel as an output, or None. Reads types only: it calls nothing on the value."""
-    kind = type(value)
+    """Why `value` cannot travel as an output, or None. Reads types only: it calls nothing on the value
+    (sequence items are read through the base class, tensors' attributes through the C getters)."""
+    with pristine.quiet():
+        return _unsupported(value, where)
+
+
+def _unsupported(value: Any, where: str) -> str | None:
+    kind = pristine.builtin_type(value)
     if kind is torch.Tensor:
-        if value.layout not in (torch.strided, torch.sparse_coo):
-            return f"{where} is a tensor with layout {value.layout}"
-        if str(value.dtype).removeprefix("torch.") not in DTYPES:
-            return f"{where} has dtype {value.dtype}"
+        layout, dtype = pristine.layout_of(value), pristine.dtype_of(value)
+        if layout is not pristine.strided and layout is not pristine.sparse_coo:
+            return f"{where} is a tensor with layout {layout}"
+        if str(dtype).removeprefix("torch.") not in DTYPES:
+            return f"{where} has dtype {dtype}"
         return None
-    if isinstance(value, torch.Tensor):
+    if pristine.builtin_isinstance(value, torch.Tensor):
         return f"{where} is a {kind.__module__}.{kind.__name__}, not a plain torch.Tensor"
     # Subclasses too (torch.Size, the named tuples of torch.return_types): they travel as plain tuples
-    # and lists, which is all the judge compares. Encoding runs in the rank, so whatever such a class does
-    # happens where the candidate already runs.
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            issue = describe_unsupported(item, f"{where}[{i}]")
+    # and lists, which is all the judge compares; their items are read through the base class, so no
+    # method of theirs runs.
+    if pristine.builtin_isinstance(value, (list, tuple)):
+        for i, item in pristine.builtin_enumerate(pristine.items(value)):
+            issue = _unsupported(item, f"{where}[{i}]")
             if issue:
                 return issue
         return None
     if kind is dict:
-        for key, item in value.items():
-            if type(key) not in (str, int):
-                return f"{where} has a key of type {type(key).__name__}"
-            issue = describe_unsupported(item, f"{where}[{key!r}]")
+        for key, item in pristine.dict_items(value):
+            if pristine.builtin_type(key) not in (str, int):
+                return f"{where} has a key of type {pristine.builtin_type(key).__name__}"
+            issue = _unsupported(item, f"{where}[{key!r}]")
             if issue:
                 return issue
         return None
@@ -93,15 +108,39 @@ def describe_unsupported(value: Any, where: str = "out") -> str | None:
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
-    raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-    return ctypes.string_at(raw.data_ptr(), raw.numel()) if raw.numel() else b""
+    return pristine.host_bytes(t)
+
+
+def _json(node: Any) -> str:
+    """The header's JSON (dicts with str keys, lists, str, int, finite float, bool, None) from C primitives."""
+    kind = pristine.builtin_type(node)
+    if node is None:
+        return "null"
+    if kind is bool:
+        return "true" if node else "false"
+    if kind is int:
+        return _int_repr(node)
+    if kind is float:
+        return _float_repr(node)
+    if kind is str:
+        return _encode_str(node)
+    if kind is list:
+        return "[" + _str_join(",", [_json(x) for x in node]) + "]"
+    if kind is dict:
+        return "{" + _str_join(",", [_encode_str(str(k)) + ":" + _json(v) for k, v in pristine.dict_items(node)]) + "}"
+    raise UnsupportedValue(f"cannot encode a {kind.__name__} in a header")
 
 
 def write_tree(path: Path, value: Any) -> int:
     """Write `value` (see describe_unsupported) to `path`; return the bytes written. Raises UnsupportedValue."""
-    issue = describe_unsupported(value)
-    if issue:
-        raise UnsupportedValue(issue)
+    with pristine.quiet():
+        issue = _unsupported(value, "out")
+        if issue:
+            raise UnsupportedValue(issue)
+        return _write(path, value)
+
+
+def _write(path: Path, value: Any) -> int:
     blobs: list[bytes] = []
     offset = 0
 
@@ -118,29 +157,35 @@ def write_tree(path: Path, value: Any) -> int:
 
     def tensor(t: torch.Tensor) -> dict[str, Any]:
         data = _tensor_bytes(t)
-        return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": put(data),
-                "nbytes": len(data)}
+        return {"dtype": str(pristine.dtype_of(t)).removeprefix("torch."),
+                "shape": [int(d) for d in pristine.shape_of(t)], "offset": put(data), "nbytes": len(data)}
 
     def encode(v: Any) -> dict[str, Any]:
-        if isinstance(v, torch.Tensor):
-            if v.layout == torch.sparse_coo:
-                c = v.detach().coalesce() if not v.is_coalesced() else v.detach()
-                return {"sparse": {"shape": list(v.shape), "indices": tensor(c.indices()),
-                                   "values": tensor(c.values())}}
+        if pristine.builtin_isinstance(v, torch.Tensor):
+            if pristine.layout_of(v) is pristine.sparse_coo:
+                c = pristine.detach(v)
+                c = c if pristine.is_coalesced(c) else pristine.coalesce(c)
+                return {"sparse": {"shape": [int(d) for d in pristine.shape_of(v)],
+                                   "indices": tensor(pristine.indices(c)), "values": tensor(pristine.values(c))}}
             return {"tensor": tensor(v)}
-        if isinstance(v, (list, tuple)):
-            return {"seq": [encode(x) for x in v], "tuple": isinstance(v, tuple)}
-        if isinstance(v, dict):
-            return {"dict": [[k, encode(x)] for k, x in v.items()]}
-        if isinstance(v, float) and not math.isfinite(v):
+        if pristine.builtin_isinstance(v, (list, tuple)):
+            return {"seq": [encode(x) for x in pristine.items(v)], "tuple": pristine.builtin_isinstance(v, tuple)}
+        if pristine.builtin_isinstance(v, dict):
+            return {"dict": [[k, encode(x)] for k, x in pristine.dict_items(v)]}
+        if pristine.builtin_type(v) is float and not math.isfinite(v):
             return {"float": repr(v)}  # JSON has no NaN or infinity
         return {"value": v}
 
-    header = json.dumps(encode(value), separators=(",", ":")).encode()
-    with open(path, "wb") as f:
-        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-        for blob in blobs:
-            f.write(blob)
+    header = _json(encode(value)).encode()
+    fd = pristine.os_open(str(path), pristine.O_WRONLY | pristine.O_CREAT | pristine.O_TRUNC | pristine.O_NOFOLLOW,
+                          0o600)
+    try:
+        for chunk in (MAGIC + struct.pack("<Q", len(header)) + header, *blobs):
+            view = pristine.builtin_memoryview(chunk)
+            while pristine.builtin_len(view):
+                view = view[pristine.os_write(fd, view):]
+    finally:
+        pristine.os_close(fd)
     return len(MAGIC) + 8 + len(header) + offset
 
 

@@ -8,8 +8,11 @@ these do is catch the careless or the lazy cheat cheaply and name what it did:
   every process group's sequence number read around each candidate call; each collective is written
   to the harness's events pipe the moment it is seen (winding a counter back later changes nothing;
   closing the pipe stops further reports, which the out-of-process counters still see).
-- the guard: identity (and code) of the callables the worker relies on, captured before the candidate
-  is imported and verified after every request. It cannot see changes made in C.
+- the guard: identity (and code) of the callables the worker relies on (ctypes among them), captured
+  before the candidate is imported and verified after every request. It cannot see changes made in C.
+- the mode check (`active_modes`): a TorchFunctionMode or TorchDispatchMode left active after a request
+  (torch's own default-device context excepted). The harness's reads of outputs run with modes off
+  (harness.rank.pristine), so a mode gains nothing there; one left active is still worth naming.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.rank.pristine import active_modes
+
 _write = os.write  # bound before any candidate exists
+
+__all__ = ["COLLECTIVES", "CollectiveMonitor", "Guard", "active_modes"]
 
 COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "_all_gather_base",
@@ -152,11 +159,17 @@ _WATCHED: dict[str, tuple[str, ...] | None] = {
     "torch.distributed.distributed_c10d": COLLECTIVES + ("get_rank", "get_world_size", "_get_default_group"),
     "json": None,
     "json.encoder": None,
+    # What reads and writes a candidate's outputs binds these at import (harness.rank.pristine); a candidate
+    # that rebinds them anyway (ctypes.string_at, memmove) is named here, as a second line.
+    "ctypes": None,
+    "os": ("open", "write", "close", "replace", "read", "fstat"),
     "hmac": None,
     "harness.rank.timed": None,
     "harness.rank.calls": None,
     "harness.rank.transport": None,
     "harness.rank.tripwires": None,
+    "harness.rank.pristine": None,
+    "harness.rank.refill": None,
     "harness.integrity": None,
     "harness.flags": None,
     "harness.channel": None,

@@ -36,15 +36,17 @@ from harness.emulation import collectives
 from harness.flags import SPAWNED_THREADS
 from harness.problem import Problem
 from harness.rank import candidate_side, reference_side
+from harness.rank.refill import Draw
 from harness.rank.timed import TimedSession
-from harness.rank.tripwires import CollectiveMonitor, Guard
+from harness.rank.tripwires import CollectiveMonitor, Guard, active_modes
 from harness.registry import load_problem_spec
 from harness.seeds import rank_seed
 
 ROLES = ("trusted", "candidate")
-TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_call",
-               "time_end")
-CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_call", "time_end", "profile")
+TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_prepare",
+               "time_call", "time_end")
+CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_prepare", "time_call", "time_end",
+                 "profile")
 
 
 def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -73,6 +75,7 @@ class Worker:
         self.timing: TimedSession | None = None
         # trusted: the sets ref_sets drew
         self.timing_sets: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]] | None = None
+        self.timing_draw: Draw | None = None  # how timed calls draw their inputs (None: they use the sets)
         self.previous: tuple[Any, Any] | None = None  # candidate: last call's live output and its copy
         self.baseline_threads: set[int] = set()
 
@@ -140,10 +143,10 @@ class Worker:
             if self.role == "trusted":
                 return reference_side.time_begin(self, req)
             return candidate_side.time_begin(self, req)
-        if op == "time_call":
+        if op in ("time_prepare", "time_call"):
             if self.timing is None:
-                return _fail(failures.INFRA_ERROR, "time_call before time_begin")
-            return self.timing.call(req)
+                return _fail(failures.INFRA_ERROR, f"{op} before time_begin")
+            return self.timing.prepare(req) if op == "time_prepare" else self.timing.call(req)
         if op == "time_end":
             if self.timing is None:
                 return _fail(failures.INFRA_ERROR, "time_end before time_begin")
@@ -173,7 +176,7 @@ def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
     # Held by this frame from the start: replacing Worker or Guard attributes later changes nothing here,
     # and a candidate that rewrites the check's code object is caught by the identity test below. A
     # determined candidate defeats all of it: the guard is a tripwire, the judge decides.
-    guard, violations = worker.guard, Guard.violations
+    guard, violations, modes_active = worker.guard, Guard.violations, active_modes
     violations_code = violations.__code__
     while True:
         req = requests.recv()
@@ -192,13 +195,21 @@ def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
                 # decides what it was (a failure inside a call is reported by the call itself).
                 reply = _fail(failures.INFRA_ERROR if worker.role == "trusted" else failures.RUNTIME_ERROR,
                               f"rank {worker.rank}: {type(exc).__name__}: {exc}", evidence=trimmed_traceback(exc))
-        if worker.candidates and guard.captured:
+        if guard.captured:
             rewritten = violations.__code__ is not violations_code
             changed = ["the integrity check itself"] if rewritten else violations(guard)
+            modes = modes_active()
+            threads = worker.thread_flags()
+        if guard.captured and worker.candidates:
+            # (A trusted rank captures the guard for the reference's timing and runs the same checks, so both
+            # sides of a timing comparison pay the same per-request work; only a candidate's rank is judged
+            # by them.)
             if changed:
                 reply = _fail(failures.RUNTIME_ERROR, f"rank {worker.rank}: the candidate replaced what the harness "
                                                       f"relies on: {', '.join(changed[:12])}", flags=[TAMPERING])
-            reply["flags"] = sorted(set(reply.get("flags", [])) | set(worker.thread_flags()))
+            if modes:  # a mode left active: it gains nothing in the harness's reads (pristine), but is named
+                reply["tripwire"] = modes[:8]
+            reply["flags"] = sorted(set(reply.get("flags", [])) | set(threads) | ({TAMPERING} if modes else set()))
         reply["rank"] = worker.rank
         reply["seconds"] = time.perf_counter() - started
         if sealer is not None:
