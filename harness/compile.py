@@ -110,6 +110,9 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     """Syntax, then (for a candidate that builds native code) one sandboxed import with its builds.
     `problem`: the problem's loader spec, loaded there first (a PKB checkout's solutions import its
     `utils` at import time, and only loading the problem makes that package importable)."""
+    # Absolute: the build runs in another process whose working directory is the checkout, where a path
+    # relative to the caller's directory names nothing (and a missing file must never read as built).
+    path = Path(path).resolve()
     raw = path.read_bytes()
     source = raw.decode(errors="replace")
     outcome = check_syntax(source, str(path))

@@ -56,6 +56,11 @@ class ToolContext:
     on_devices: Callable[..., Any] | None = None
     counter: int = 0  # the next candidate number (never reuses a number already on disk)
 
+    def __post_init__(self) -> None:
+        # Every path a tool hands to the harness is absolute: the harness's helpers run in processes of
+        # their own (other working directories), and a relative runs folder must mean the same there.
+        self.workdir = Path(self.workdir).resolve()
+
     @property
     def candidates_dir(self) -> Path:
         return Path(self.workdir) / CANDIDATES_DIR
