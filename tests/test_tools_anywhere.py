@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.compile import compile_candidate
-from tools.base import ToolContext
 from tests.conftest import CANDIDATES
+from tools.base import ToolContext
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_BUILD = (CANDIDATES / "compile_error_load_inline.py").read_text()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.conditions import REPLAY, ZERO_SHOT
-from agent.report import metrics
+from agent.report import metrics, trajectories
 from agent.report.run_reader import Run, Sample
 from harness.flags import is_emulated
 
@@ -267,6 +267,8 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         "arms": [_arm_metrics(a, k, seed, resamples) for a in arms],
         "baseline": baseline,
         "comparisons": comparisons,
+        # held-out shapes, the best candidate, and pass / best speedup by turn, tokens and dollars
+        "trajectories": trajectories.summarize(arms),
     }
     for arm in data["arms"]:
         uncounted = arm["speedups_not_counted"]

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter
 
+from agent.report import trajectories
 from agent.report.build import Report
 
 
@@ -123,6 +124,8 @@ FIGURES: dict[str, Figure] = {  # by file stem
     "roofline": Figure("roofline-fraction distribution", roofline_figure,
                        "No correct sample has a roofline fraction: no distribution to plot."),
     "failures": Figure("failure-class breakdown", failure_figure, "No finished sample: no verdicts to plot."),
+    "trajectory": Figure("pass and best speedup by turn, tokens and dollars", trajectories.figure,
+                         "No sample has a trajectory (candidates with their turn): nothing to plot."),
 }
 
 
