@@ -55,7 +55,8 @@ def test_zero_shot_prompt_is_the_checkouts_template_filled_in() -> None:
     # own provider, and its id is slugged as PKB names folders
     bare = pkb.zero_shot_prompt(CHECKOUT, REFERENCE, "1_all_reduce", provider="anthropic", model="vendor/Big Model!",
                                 settings=pkb.PkbSettings(hardware=None))
-    assert bare.user == _expected_body(False, "solutions_cuda_bf16_none_anthropic_vendor_Big_Model/1_all_reduce_cuda.py")
+    slugged = "solutions_cuda_bf16_none_anthropic_vendor_Big_Model/1_all_reduce_cuda.py"
+    assert bare.user == _expected_body(False, slugged)
     listed = pkb.zero_shot_prompt(CHECKOUT, REFERENCE, "1_all_reduce", provider="openai", model="vendor/fixture-big")
     assert "_together_vendor_fixture-big/" in listed.record["solution_path"]  # the generator's own provider
 

@@ -60,6 +60,7 @@ class ToolContext:
     shell_solution: str = "solution.py"
     shell_timeout_s: float = 120.0  # PKB's agent allows 900 s (its eval command runs a whole benchmark)
     shell_hide: tuple[Path, ...] = ()
+    artifacts_dir: Path | None = None  # where tools keep raw artifacts (the Nsight reports); None: nowhere
 
     def __post_init__(self) -> None:
         # Every path a tool hands to the harness is absolute: the harness's helpers run in processes of
