@@ -118,6 +118,7 @@ class RunConfig(BaseModel):
     prompt_cache: bool = True
     prompt: str = prompting.OURS  # agent.prompting: "pkb-agent", or "pkb:CHECKOUT" (PKB's own, from a checkout)
     pkb_hardware: str | None = None  # --prompt pkb: PKB's hardware profile (None: h100_8, "none": none)
+    shell_timeout_s: float = 120.0  # bash: the time limit of one shell command (PKB's agent: 900 s)
 
     @property
     def prompt_choice(self) -> prompting.PromptChoice:
@@ -497,7 +498,8 @@ class Runner:
             device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
             model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
             guide_in_prompt=self.config.guide_in_prompt, context_policy=self.policy,
-            prompt_cache=self.config.prompt_cache, prompt=self.prompt_choice, **self._remote_args(),
+            prompt_cache=self.config.prompt_cache, prompt=self.prompt_choice,
+            shell_timeout_s=self.config.shell_timeout_s, **self._remote_args(),
         )
 
     def _model_sample(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:

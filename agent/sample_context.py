@@ -50,6 +50,7 @@ class SampleContext:
     # Which prompt the sample opens with (agent.prompting: this project's or PKB's own, from a checkout).
     prompt: PromptChoice = field(default_factory=PromptChoice)
     shell_solution: str = SHELL_SOLUTION  # bash: the scratch folder's file that is checked and scored
+    shell_timeout_s: float = 120.0  # bash: the time limit of one command
 
     @property
     def provider(self) -> str:

@@ -31,7 +31,8 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"),
                   ("--reasoning-effort", "reasoning_effort"), ("--thinking-budget", "thinking_budget"),
                   ("--models", "models"), ("--context-window", "context_window"), ("--context-share", "context_share"),
-                  ("--no-prompt-cache", "prompt_cache"), ("--prompt", "prompt"), ("--pkb-hardware", "pkb_hardware"))
+                  ("--no-prompt-cache", "prompt_cache"), ("--prompt", "prompt"), ("--pkb-hardware", "pkb_hardware"),
+                  ("--shell-timeout", "shell_timeout_s"))
 
 
 def _model_text(text: str) -> str:
@@ -127,7 +128,14 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         prompt_cache=not args.no_prompt_cache,
         prompt=prompt,
         pkb_hardware=hardware,
+        shell_timeout_s=_positive(args.shell_timeout, "--shell-timeout") if args.shell_timeout is not None else 120.0,
     )
+
+
+def _positive(value: float, option: str) -> float:
+    if value <= 0:
+        raise CliError(f"{option} must be positive, got {value:g}")
+    return value
 
 
 def _prompt(args: argparse.Namespace, conditions: list[Condition]) -> tuple[str, str | None]:
@@ -161,6 +169,7 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
         "prompt_cache": False if args.no_prompt_cache else None,
         "prompt": (_prompt(args, stored.parsed_conditions)[0] if args.prompt else None),
         "pkb_hardware": args.pkb_hardware,
+        "shell_timeout_s": args.shell_timeout,
     }
     for option, key in RESUME_CHECKED:
         value = given[key]
