@@ -25,7 +25,7 @@ def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] 
                        evaluate=None if executor is None else as_evaluate(executor, spent),
                        on_devices=None if executor is None else as_device_call(executor, spent),
                        shell_solution=ctx.shell_solution, shell_timeout_s=ctx.shell_timeout_s,
-                       shell_hide=(ctx.directory.path.parents[3],))
+                       shell_hide=(ctx.directory.path.resolve().parents[3],))
 
 
 def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:
