@@ -8,8 +8,8 @@ Per arm (one condition of one run):
 - curves: the share of samples with a correct candidate so far, and the median best counted speedup so far
   (0 for a sample without one), against the turn, the tokens and the dollars spent when each candidate came.
   By the tools' own evidence (what the agent knew), and, after `pkb rescore`, by the final scorer.
-The figure draws both curves per arm; a condition whose tools judge nothing (zero-shot) has only the
-rescored curve.
+agent.report.figures draws both curves per arm; a condition whose tools judge nothing (zero-shot) has only
+the rescored curve.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.figure import Figure as MplFigure
 
 if TYPE_CHECKING:
     from agent.report.build import Arm, Report
@@ -133,36 +132,3 @@ NOTE = ("Correct (all shapes) is what pass@k counts: the scored file is also che
         "speedup, else the latest correct); where it is not the submitted file it is scored apart. Curves: the "
         "share of samples with a correct candidate so far and the median best speedup so far, by the tools' "
         "evidence (solid) and, after `pkb rescore RUN`, by the final scorer (dashed).")
-
-
-def figure(report: Report) -> bytes | None:
-    # Deferred: figures imports build, which imports this module for its data.
-    from agent.report.figures import _png
-
-    arms = [a for a in report.data.get("trajectories") or []
-            if any(a["curves"][by]["turn"] for by in ("tools", "rescored"))]
-    if not arms:
-        return None
-    fig = MplFigure(figsize=(11, 5.6))
-    axes = fig.subplots(2, len(AXES))
-    palette = [f"C{i}" for i in range(10)]
-    for i, arm in enumerate(arms):
-        for by, style in (("tools", "-"), ("rescored", "--")):
-            for col, (axis, title) in enumerate(AXES):
-                points = arm["curves"][by][axis]
-                if not points:
-                    continue
-                xs = [p["x"] for p in points]
-                label = f"{arm['label']} ({'tools' if by == 'tools' else 'final scorer'})" if col == 0 else None
-                axes[0][col].step(xs, [p["pass"] for p in points], style, where="post", color=palette[i % 10],
-                                  label=label)
-                axes[1][col].step(xs, [p["best_speedup"] for p in points], style, where="post",
-                                  color=palette[i % 10])
-                axes[1][col].set_xlabel(title)
-    axes[0][0].set_ylabel("share with a correct candidate")
-    axes[1][0].set_ylabel("median best speedup so far")
-    for ax in axes[0]:
-        ax.set_ylim(-0.02, 1.02)
-    fig.legend(loc="lower center", ncol=2, fontsize="small", frameon=False, bbox_to_anchor=(0.5, -0.08))
-    fig.suptitle("pass and best speedup against turn, tokens and dollars")
-    return _png(fig)
