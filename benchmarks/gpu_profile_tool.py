@@ -36,6 +36,7 @@ from harness import ncu, nsys  # noqa: E402
 from harness.compile import compile_candidate  # noqa: E402
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.registry import get, load_suite  # noqa: E402
+from tools import profile as profile_tool  # noqa: E402
 from tools.base import ToolContext  # noqa: E402
 from tools.dispatch import run_tool  # noqa: E402
 
@@ -84,6 +85,16 @@ def profile_one(problem_name: str, file: Path, *, device: str, world_size: int, 
         kept = out / "kept" / stem / kind
         if kept.is_dir():
             shutil.copytree(kept, out / kind / stem, dirs_exist_ok=True)
+    direct: dict[str, Any] | None = None
+    if device == "cuda" and not ncu_data:  # the tool did not reach Nsight (its timeline failed): ncu alone, once
+        t0 = time.perf_counter()
+        report = ncu.collect(problem, file, world_size=world_size, device=device, shape=shape, seed=config.seed,
+                             budget_s=profile_tool.NCU_BUDGET_S, metrics=ncu.AGENT_SETS, gpus=gpus,
+                             ranks_per_gpu=ranks_per_gpu, keep_dir=out / "ncu" / stem)
+        direct = {"status": report.status, "seconds": round(time.perf_counter() - t0, 1),
+                  "missing": dict(list(report.missing.items())[:3]),
+                  "runs": [{"status": r.status, "seconds": round(r.seconds, 1), "message": r.message[:300]}
+                           for r in report.runs]}
     return {"expert": stem, "problem": problem_name, "shape": shape, "world_size": world_size,
             "ranks_per_gpu": ranks_per_gpu, "device": device, "tool_seconds": round(seconds, 1),
             "profile_seconds": round(float(result.get("seconds") or 0.0), 1),
@@ -94,6 +105,7 @@ def profile_one(problem_name: str, file: Path, *, device: str, world_size: int, 
             "nsys_message": nsys_data.get("message"), "nsys_seconds": round(float(nsys_data.get("seconds") or 0.0), 1),
             "kernel_summary": result.get("kernel_summary"), "ceilings": result.get("ceilings"),
             "error": (outcome.data or {}).get("error"), "verdict": (outcome.data or {}).get("verdict"),
+            "ncu_without_the_tool": direct,
             "answer": outcome.text, "answer_chars": len(outcome.text)}
 
 
