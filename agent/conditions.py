@@ -1,7 +1,9 @@
 """Experimental conditions are configuration, not code: zero-shot, an agent with a tool subset, or replay.
 
 Names (docs/run-layout.md): `zero-shot`; `agent:<tool>+<tool>...` with the tools sorted by name, e.g.
-`agent:bench+check+compile`; `replay` for solution files read from a directory. A plain `agent` means
+`agent:bench+check+compile`; `bash`, an agent with one sandboxed shell in the sample's scratch folder and the
+harness's check as a command in it (PKB's own agent has bash only); `replay` for solution files read from a
+directory. A plain `agent` means
 every ablatable tool, or the ones `--tools` names. `submit` and `recall` are not part of a condition's
 name: every agent can submit (it is how a sample ends) and recall its own earlier candidates, so only the
 feedback tools are ablated.
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from tools.specs import TOOL_NAMES
+from tools.specs import BASH_TOOL, TOOL_NAMES
 
 SUBMIT = "submit"
 # Always given to an agent, never ablated: it only returns the model's own earlier candidate, which the
@@ -21,13 +23,16 @@ SUBMIT = "submit"
 # tool list, and so the cached prompt prefix, the same at every turn.
 RECALL = "recall"
 # The feedback tools a condition may pick from, in name order.
-AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name not in (SUBMIT, RECALL)))
+# The shell is a condition of its own (`bash`), not a feedback tool to mix with the structured ones.
+AGENT_TOOLS: tuple[str, ...] = tuple(sorted(name for name in TOOL_NAMES if name not in (SUBMIT, RECALL, BASH_TOOL)))
 
-Kind = Literal["zero-shot", "agent", "replay"]
+Kind = Literal["zero-shot", "agent", "bash", "replay"]
 # Final: each name keeps its literal type, so Condition(AGENT) type-checks as a Kind.
 ZERO_SHOT: Final = "zero-shot"
 AGENT: Final = "agent"
+BASH: Final = "bash"
 REPLAY: Final = "replay"
+TOOL_USING: tuple[str, ...] = (AGENT, BASH)  # the kinds whose model is given tools and loops
 
 
 class ConditionError(ValueError):
@@ -47,8 +52,16 @@ class Condition:
 
     @property
     def bound_tools(self) -> tuple[str, ...]:
-        """What the model is given: the condition's tools plus recall and submit (an agent), nothing otherwise."""
-        return (*self.tools, RECALL, SUBMIT) if self.kind == AGENT else ()
+        """What the model is given: the condition's tools plus recall and submit (an agent), the shell alone
+        (bash: the sample ends with a reply that runs no command, and the file it wrote is scored), nothing
+        otherwise."""
+        if self.kind == AGENT:
+            return (*self.tools, RECALL, SUBMIT)
+        return (BASH_TOOL,) if self.kind == BASH else ()
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.kind in TOOL_USING
 
     @property
     def uses_model(self) -> bool:
@@ -85,6 +98,10 @@ def parse_condition(text: str, tools: str | Sequence[str] | None = None) -> Cond
         return Condition(ZERO_SHOT)
     if kind == REPLAY and not sep:
         return Condition(REPLAY)
+    if kind == BASH and not sep:
+        if tools:
+            raise ConditionError("--tools applies to agent conditions; bash has its shell only")
+        return Condition(BASH)
     if kind == AGENT:
         if sep and tools:
             parsed, given = parse_tools(listed), parse_tools(tools)
@@ -94,7 +111,7 @@ def parse_condition(text: str, tools: str | Sequence[str] | None = None) -> Cond
         if sep:
             return Condition(AGENT, parse_tools(listed))
         return Condition(AGENT, parse_tools(tools) if tools else AGENT_TOOLS)
-    raise ConditionError(f"unknown condition {text!r}: use zero-shot, agent, or agent:<tool>+<tool> "
+    raise ConditionError(f"unknown condition {text!r}: use zero-shot, agent, agent:<tool>+<tool> or bash "
                          f"(tools: {', '.join(AGENT_TOOLS)})")
 
 
@@ -103,7 +120,7 @@ def parse_conditions(texts: str | Sequence[str], tools: str | Sequence[str] | No
     items = [texts] if isinstance(texts, str) else list(texts)
     parts = [p.strip() for item in items for p in item.split(",") if p.strip()]
     if not parts:
-        raise ConditionError("no condition given: use zero-shot, agent or agent:<tool>+<tool>")
+        raise ConditionError("no condition given: use zero-shot, agent, agent:<tool>+<tool> or bash")
     conditions: list[Condition] = []
     for part in parts:
         is_agent = part.lower().startswith(AGENT)

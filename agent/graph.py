@@ -6,9 +6,10 @@
 
 - guard: the budget check before every model call (turns, tokens, dollars, wall, GPU seconds).
 - model: one call of the chat model with the condition's tools bound (zero-shot: no tools; its code is
-  taken from the reply). The request is the state's messages as agent.context shortens them to fit the
-  model's window (old candidates become references; `recall` brings them back) with the provider's
-  cache breakpoints (agent.caching); a request that cannot fit stops the sample with `context_overflow`
+  taken from the reply by the rule of the sample's prompt, agent.prompting: this project's or PKB's). The
+  request is the state's messages as agent.context shortens them to fit the model's window (old
+  candidates become references; `recall` brings them back) with the provider's cache breakpoints
+  (agent.caching); a request that cannot fit stops the sample with `context_overflow`
   before it is sent. Token usage (cache reads and writes, reasoning) and cost are recorded; tokens,
   dollars and wall time are checked again right after the reply, so no tool runs on a spent budget.
 - tools: every tool call of the reply through agent.tool_calls.run_tool_call. Tools that run candidates
@@ -18,6 +19,9 @@
   full harness on a fresh seed, scoring_seed(seed): the tools check with the run's seed, so the inputs
   of the final verdict are ones the model never saw feedback on. A `pkb eval` of final.py therefore
   draws other inputs than result.json did (use `--seed` with scoring_seed(seed) to repeat it exactly).
+  Then (agent.final_scoring) the problem's held-out shapes, which no tool used, each on a seed of its own;
+  and the best candidate by the tools' own evidence, scored the same way and kept apart (`best`). The
+  bash condition's answer is its scratch folder's solution file as the session ended.
 
 An agent reply without tool calls ends the sample too: code in it is an implicit submission
 (stop reason `submitted`); a reply with no code stops with `no_code`, and the last candidate, if any,
@@ -37,6 +41,7 @@ after every node; a killed run resumes a sample at the node it was in.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,10 +53,9 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
-import prompts
-from agent import caching
+from agent import caching, final_scoring, prompting
 from agent.budgets import Budget, BudgetTracker, Spent
-from agent.conditions import AGENT, SUBMIT
+from agent.conditions import BASH, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
 from agent.executors.interface import Executor
 from agent.executors.request import EvalRequest, device_seconds
@@ -68,6 +72,7 @@ from harness.config import EvalConfig
 from harness.evaluate import evaluate
 from harness.problem import Problem
 from harness.results import EvalResult
+from tools import bash as shell
 from tools.langchain_tools import make_tools
 
 # The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
@@ -116,18 +121,24 @@ class AgentState(TypedDict, total=False):
     result: dict[str, Any] | None  # the final scoring's EvalResult, as JSON
     scoring: dict[str, Any]  # {"seconds", "gpu_s", "attempts", "final"}
     context: dict[str, Any]  # agent.context.ContextState.as_dict(): which calls are shortened, the size ratio
+    prompt: dict[str, Any]  # agent.prompting's record: which prompt the sample opened with, which extraction rule
+    held_out: list[dict[str, Any]]  # the scored file on the problem's held-out shapes (agent.final_scoring)
+    best: dict[str, Any] | None  # the best candidate by the tools' evidence, scored apart (agent.final_scoring)
 
 
 # -- prompts and text --------------------------------------------------------------------------------
 STABLE_PREFIX = 2  # initial_messages: the system prompt and the task, the same at every turn
 
 
+def opening(ctx: SampleContext) -> prompting.Opening:
+    """The sample's first messages and where they come from (agent.prompting); for bash, its scratch files."""
+    return prompting.opening(ctx.prompt, ctx.condition, ctx.problem, shape=ctx.shape, world_size=ctx.world_size,
+                             topology=ctx.topology, guide_in_prompt=ctx.guide_in_prompt, model_name=ctx.model_name,
+                             scratch=ctx.directory.path / shell.SHELL_DIR)
+
+
 def initial_messages(ctx: SampleContext) -> list[BaseMessage]:
-    tools = list(ctx.condition.bound_tools)
-    # The guide goes into the system prompt unless the condition offers it as a tool (or it is switched off).
-    system = prompts.render_system(tools, ctx.guide_in_prompt and "guide" not in tools)
-    task = prompts.render_task(ctx.problem, ctx.shape, ctx.world_size, ctx.topology, include_guide=False)
-    return [SystemMessage(content=system), HumanMessage(content=task)]
+    return opening(ctx).messages
 
 
 def finish_reason(message: BaseMessage) -> str | None:
@@ -194,9 +205,10 @@ class Scored:
 
 def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler | None,
                world_size: int, device: str, shape: str, log_dir: Path | None, log: Any = None,
-               executor: Executor | None = None) -> Scored:
-    """The full harness on `path` with scoring_seed(config.seed); an infra_error is retried (bounded)."""
-    scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed)})
+               executor: Executor | None = None, seed: int | None = None) -> Scored:
+    """The full harness on `path` with scoring_seed(config.seed) (or `seed`); an infra_error is retried
+    (bounded)."""
+    scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed) if seed is None else seed})
     started = time.perf_counter()
     gpu_s = 0.0
     result: EvalResult | None = None
@@ -223,26 +235,102 @@ def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: D
     return Scored(result, attempt, time.perf_counter() - started, gpu_s)
 
 
+@dataclass
+class HeldOut:
+    summary: dict[str, Any]  # agent.final_scoring.shape_summary
+    seconds: float
+    gpu_s: float
+
+
+def score_held_out(problem: Problem, path: Path, visible: EvalResult, *, config: EvalConfig,
+                   scheduler: DeviceScheduler | None, world_size: int, device: str, shape: str, log: Any = None,
+                   executor: Executor | None = None) -> list[HeldOut]:
+    """The scored file on each held-out shape of the visible one (correctness only, a fresh seed each); not
+    run when the visible shape already failed (the sample is not correct either way)."""
+    if not visible.correct:
+        return []
+    out = []
+    for i, held in enumerate(problem.held_out_shapes(shape)):
+        scored = score_file(problem, path, config=config.model_copy(update={"skip_timing": True}), scheduler=scheduler,
+                            world_size=world_size, device=device, shape=held, log_dir=None, log=log, executor=executor,
+                            seed=final_scoring.held_out_seed(config.seed, i))
+        out.append(HeldOut(final_scoring.shape_summary(held, scored.result.model_dump(mode="json")), scored.seconds,
+                           scored.gpu_s))
+    return out
+
+
+def _held_out(ctx: SampleContext, path: Path, visible: EvalResult) -> list[HeldOut]:
+    return score_held_out(ctx.problem, path, visible, config=ctx.config, scheduler=ctx.scheduler,
+                          world_size=ctx.world_size, device=ctx.device, shape=ctx.shape, log=ctx.log,
+                          executor=ctx.executor)
+
+
+def _score_best(ctx: SampleContext, candidates: list[dict[str, Any]], final: str, log: Any) -> dict[str, Any] | None:
+    """The best candidate by the tools' evidence, scored like the final file when it is another file."""
+    entry = final_scoring.best_by_evidence(candidates)
+    if entry is None:
+        return None
+    best = {"candidate": entry["path"], "evidence": final_scoring.evidence_text(entry), "turn": entry.get("turn")}
+    final_sha = hashlib.sha256((ctx.directory.path / final).read_bytes()).hexdigest()
+    if entry.get("sha256") == final_sha or entry["path"] == final:
+        return {**best, "same_as_final": True}
+    path = ctx.directory.path / entry["path"]
+    scored = score_file(ctx.problem, path, config=ctx.config, scheduler=ctx.scheduler, world_size=ctx.world_size,
+                        device=ctx.device, shape=ctx.shape, log_dir=None, log=log, executor=ctx.executor)
+    held = _held_out(ctx, path, scored.result)
+    result = scored.result.model_dump(mode="json")
+    overall = final_scoring.combined(result, [h.summary for h in held])
+    return {**best, "same_as_final": False, **overall, "speedup": result.get("speedup"),
+            "fast_eligible": bool(result.get("fast_eligible", True)), "flags": list(result.get("flags") or []),
+            "held_out": [h.summary for h in held], "seconds": scored.seconds + sum(h.seconds for h in held),
+            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held)}
+
+
+def _shell_file(ctx: SampleContext, candidates: list[dict[str, Any]], spent: Spent) -> tuple[str | None, bool]:
+    """The bash condition's solution file as the session ended: (its candidate path, whether that is a new
+    entry); the last candidate's path when the file is unchanged since the last check, (None, False) when
+    there is no such file."""
+    text, _ = shell.read_file(ctx.directory.path / shell.SHELL_DIR, ctx.shell_solution)
+    if text is None or not text.strip():
+        return None, False
+    text = text if text.endswith("\n") else text + "\n"
+    if candidates and candidates[-1].get("sha256") == hashlib.sha256(text.encode()).hexdigest():
+        return str(candidates[-1]["path"]), False
+    entry = reply_candidate(ctx, text, None, source="shell", **_progress(spent))
+    candidates.append(entry)
+    return str(entry["path"]), True
+
+
+def _progress(spent: Spent) -> dict[str, Any]:
+    """What the trajectory keeps of the spending when a candidate came: turn, tokens, dollars, GPU seconds."""
+    return {"turn": spent.turns, "tokens": spent.input_tokens + spent.output_tokens,
+            "cost_usd": round(spent.cost_usd, 6) if spent.cost_known else None, "gpu_s": round(spent.gpu_s, 3)}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 # -- the graph --------------------------------------------------------------------------------------
 def bind_model(ctx: SampleContext) -> tuple[Runnable[Any, BaseMessage], int]:
     """The chat model with the condition's tools bound (zero-shot: the bare model, no tools), and the
     tokens the tool schemas add to every request."""
     if ctx.model is None:
         raise ValueError(f"condition {ctx.condition.name} needs a chat model")
-    if ctx.condition.kind != AGENT:
+    if not ctx.condition.uses_tools:
         return ctx.model, 0
     schema_ctx = tool_context(ctx, gpus=None)
     tools = make_tools(list(ctx.condition.bound_tools), schema_ctx)
     return ctx.model.bind_tools(tools), tools_token_count([convert_to_openai_tool(t) for t in tools])
 
 
-def build_graph(ctx: SampleContext, checkpointer: Any = None, *, final_scoring: bool = True) -> Any:
-    """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable. Without
-    `final_scoring` the score node only names the final candidate (scoring.final) and evaluates nothing: a
+def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bool = True) -> Any:
+    """The compiled graph of one sample; `checkpointer` (a SqliteSaver) makes it resumable. With
+    `score_final` false the score node only names the final candidate (scoring.final) and evaluates nothing: a
     search's agent proposer, whose candidate the search evaluates itself (agent.search.episode)."""
     bound, tools_tokens = bind_model(ctx)
     log = ctx.log
-    is_agent = ctx.condition.kind == AGENT
+    is_agent = ctx.condition.uses_tools
     policy = ctx.context_policy or ContextPolicy(window=None)
 
     def tracker(state: AgentState) -> BudgetTracker:
@@ -305,15 +393,18 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, final_scoring: 
             if budget_stop:
                 update["stop_reason"] = budget_stop
             return update
+        if ctx.condition.kind == BASH:  # a reply that runs no command ends it; the score node takes the file
+            update["stop_reason"] = SUBMITTED
+            return update
         # No tool call (always so for zero-shot): the reply's code, if any, is the answer.
         if reply.id is None:  # add_messages would give it one; the candidate record needs it now
             reply.id = str(uuid.uuid4())
-        code = prompts.extract_code(message_text(reply))
+        code = prompting.extract(state.get("prompt") or {}, message_text(reply))
         if code is None:
             update["stop_reason"] = NO_CODE
             return update
         _drop_orphans(ctx, state)
-        entry = reply_candidate(ctx, code, reply.id)
+        entry = reply_candidate(ctx, code, reply.id, **_progress(spend.spent))
         update["candidates"] = [*(state.get("candidates") or []), entry]
         update["submitted"] = entry["path"]
         update["stop_reason"] = SUBMITTED if is_agent else ZERO_SHOT
@@ -347,8 +438,10 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, final_scoring: 
                 continue
             assert outcome is not None  # run_tool_call gives an outcome exactly when it gives no error
             if outcome.candidate is not None:  # saved by the tool, with its record beside it
-                candidates.append(candidate_entry(ctx, Path(outcome.candidate), name, call_id, None,
-                                         (outcome.data or {}).get("verdict"), (outcome.data or {}).get("speedup")))
+                correct, counted = final_scoring.tool_judgement(outcome.data)
+                candidates.append(candidate_entry(
+                    ctx, Path(outcome.candidate), name, call_id, None, (outcome.data or {}).get("verdict"),
+                    counted, correct=correct, sha256=_sha256(Path(outcome.candidate)), **_progress(spend.spent)))
             if outcome.ends_sample:  # its own candidate, else the last one; "" when there is none (no_code)
                 submitted = candidates[-1]["path"] if candidates else ""
             messages.append(ToolMessage(content=outcome.text, tool_call_id=call_id, name=name))
@@ -364,20 +457,36 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, final_scoring: 
         return update
 
     def score(state: AgentState) -> dict[str, Any]:
-        candidates = state.get("candidates") or []
-        final = state.get("submitted") or (candidates[-1]["path"] if candidates else None)
-        if final is None or not final_scoring:
-            return {"result": None, "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": final}}
+        candidates = list(state.get("candidates") or [])
+        update: dict[str, Any] = {}
+        if ctx.condition.kind == BASH:  # the file in the scratch folder is the answer, as PKB's agent's is
+            _drop_orphans(ctx, state)
+            final, added = _shell_file(ctx, candidates, Spent.from_dict(state.get("spent")))
+            if added:
+                update["candidates"] = candidates
+            update["submitted"] = final
+            if final is None and state.get("stop_reason") == SUBMITTED:
+                update["stop_reason"] = NO_CODE
+        else:
+            final = state.get("submitted") or (candidates[-1]["path"] if candidates else None)
+        if final is None or not score_final:
+            return {**update, "result": None, "held_out": [], "best": None,
+                    "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": final}}
         write_bytes_atomic(ctx.directory.final_py, (ctx.directory.path / final).read_bytes())
         scored = score_file(ctx.problem, ctx.directory.final_py, config=ctx.config, scheduler=ctx.scheduler,
                             world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                             log_dir=ctx.directory.logs, log=log, executor=ctx.executor)
+        held = _held_out(ctx, ctx.directory.final_py, scored.result)
         if log is not None:
             log.info("scored", final=final, verdict=scored.result.verdict, speedup=scored.result.speedup,
-                     seconds=round(scored.seconds, 3), attempts=scored.attempts)
-        return {"result": scored.result.model_dump(mode="json"),
-                "scoring": {"seconds": scored.seconds, "gpu_s": scored.gpu_s, "attempts": scored.attempts,
-                            "final": final}}
+                     seconds=round(scored.seconds, 3), attempts=scored.attempts,
+                     held_out=[(h.summary["shape"], h.summary["verdict"]) for h in held])
+        best = _score_best(ctx, candidates, final, log)
+        seconds = scored.seconds + sum(h.seconds for h in held) + float((best or {}).get("seconds") or 0.0)
+        gpu_s = scored.gpu_s + sum(h.gpu_s for h in held) + float((best or {}).get("gpu_s") or 0.0)
+        return {**update, "result": scored.result.model_dump(mode="json"), "held_out": [h.summary for h in held],
+                "best": best, "scoring": {"seconds": seconds, "gpu_s": gpu_s, "attempts": scored.attempts,
+                                          "final": final}}
 
     def after_guard(state: AgentState) -> str:
         return "score" if state.get("stop_reason") else "model"

@@ -113,7 +113,8 @@ class SampleDir:
         return self.candidates / f"{index:03d}.py"
 
     def relative(self, path: Path) -> str:
-        return path.relative_to(self.path).as_posix()
+        # Both resolved: the tools hand back absolute paths whatever folder the run was given as.
+        return Path(path).resolve().relative_to(self.path.resolve()).as_posix()
 
     def record(self) -> dict[str, Any] | None:
         data = read_json(self.sample_json)

@@ -32,9 +32,9 @@ from langchain_core.messages import AIMessage
 from pydantic import BaseModel, Field
 
 import prompts
-from agent import manifest
+from agent import final_scoring, manifest, prompting
 from agent.budgets import Budget, Spent
-from agent.conditions import REPLAY, Condition, parse_condition
+from agent.conditions import BASH, REPLAY, Condition, parse_condition
 from agent.context import DEFAULT_SHARE, ContextPolicy
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor
@@ -45,9 +45,10 @@ from agent.graph import (
     FatalProviderError,
     TransientProviderError,
     build_graph,
-    initial_messages,
+    opening,
     recursion_limit,
     score_file,
+    score_held_out,
     scoring_seed,
     write_transcript,
 )
@@ -69,6 +70,7 @@ from agent.rundir import (
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
+from agent.tool_calls import tool_context
 from agent.usage import PriceTable
 from agent.versions import versions
 from harness import failures, topology
@@ -77,6 +79,7 @@ from harness.emulation import layout
 from harness.environment import environment
 from harness.flags import is_emulated
 from harness.problem import Problem
+from tools.bash import prepare as prepare_shell
 
 
 class RunError(ValueError):
@@ -113,6 +116,13 @@ class RunConfig(BaseModel):
     context_window: int | None = None  # overrides the model table's window
     context_share: float = DEFAULT_SHARE  # shorten old candidates past this share of the window
     prompt_cache: bool = True
+    prompt: str = prompting.OURS  # agent.prompting: "pkb-agent", or "pkb:CHECKOUT" (PKB's own, from a checkout)
+    pkb_hardware: str | None = None  # --prompt pkb: PKB's hardware profile (None: h100_8, "none": none)
+    shell_timeout_s: float = 120.0  # bash: the time limit of one shell command (PKB's agent: 900 s)
+
+    @property
+    def prompt_choice(self) -> prompting.PromptChoice:
+        return prompting.parse_prompt(self.prompt, self.source, self.pkb_hardware)
 
     @property
     def budget(self) -> Budget:
@@ -248,6 +258,7 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
     result = state.get("result")
     spent = Spent.from_dict(state.get("spent"))
     scoring = state.get("scoring") or {}
+    overall = final_scoring.combined(result, state.get("held_out"))
     record: dict[str, Any] = {
         "schema": SAMPLE_SCHEMA,
         "problem": spec.problem.name,
@@ -257,8 +268,11 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "model": model,
         "status": status,
         "stop_reason": state.get("stop_reason"),
-        "verdict": result["verdict"] if result else NO_CODE,
-        "correct": bool(result and result.get("correct")),
+        "verdict": overall["verdict"] if result else NO_CODE,
+        # correct on the visible shape and on every held-out shape (agent.final_scoring); both figures kept
+        "correct": overall["correct"],
+        "correct_visible": overall["correct_visible"],
+        "held_out": {"correct": overall["held_out_correct"], "shapes": list(state.get("held_out") or [])},
         "speedup": result.get("speedup") if result else None,
         "flags": list(result.get("flags") or []) if result else [],
         # False when an integrity flag (harness.integrity.SPEEDUP_DISQUALIFIERS) voids the speedup for fast_p;
@@ -285,6 +299,9 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "final": "final.py" if scoring.get("final") else None,
         "scoring_seed": result.get("seed") if result else None,
         "scoring_attempts": scoring.get("attempts", 0),
+        "prompt": state.get("prompt"),  # which prompt and which extraction rule (agent.prompting)
+        "best": state.get("best"),  # the best candidate by the tools' evidence, scored apart
+        "trajectory": final_scoring.trajectory(state.get("candidates") or []),
         "started_at": started_at,
         "finished_at": finished_at,
     }
@@ -336,6 +353,7 @@ class Runner:
         self.on_sample = on_sample
         self.topology = topology_record(config.device)
         self.conditions = config.parsed_conditions
+        self.prompt_choice = config.prompt_choice
         self.models = config.model_table() if self.spec.is_chat_model else None
         self.policy = config.context_policy(self.models) if self.models is not None else ContextPolicy(None)
         self._abort = threading.Event()
@@ -490,13 +508,18 @@ class Runner:
             device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
             model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
             guide_in_prompt=self.config.guide_in_prompt, context_policy=self.policy,
-            prompt_cache=self.config.prompt_cache, **self._remote_args(),
+            prompt_cache=self.config.prompt_cache, prompt=self.prompt_choice,
+            shell_timeout_s=self.config.shell_timeout_s, **self._remote_args(),
         )
 
     def _model_sample(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
         thread = {"configurable": {"thread_id": spec.thread_id}, "recursion_limit": recursion_limit(self.config.budget)}
         model = self.model_factory()
         ctx = self._context(spec, sdir, log, model)
+        first = opening(ctx)
+        ctx.shell_solution = first.solution_file
+        if spec.condition.kind == BASH:  # its scratch folder, with the files the prompt names
+            prepare_shell(tool_context(ctx, gpus=None), first.shell_files)
         snapshot = build_graph(ctx, self._saver).get_state(thread)
         values = snapshot.values or {}
         if "scoring" in values:  # the score node had run; only the files were not written
@@ -508,8 +531,8 @@ class Runner:
             ctx.model = _resumed(model, values.get("messages") or [])
             log.info("sample_resumed", next=list(snapshot.next), turns=Spent.from_dict(values.get("spent")).turns)
             return dict(build_graph(ctx, self._saver).invoke(None, thread, durability="sync"))
-        start = {"messages": initial_messages(ctx), "spent": Spent().as_dict(), "candidates": [],
-                 "stop_reason": None, "submitted": None}
+        start = {"messages": first.messages, "spent": Spent().as_dict(), "candidates": [],
+                 "stop_reason": None, "submitted": None, "prompt": first.record}
         return dict(build_graph(ctx, self._saver).invoke(start, thread, durability="sync"))
 
     def _replay(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
@@ -525,8 +548,13 @@ class Runner:
         scored = score_file(spec.problem, sdir.final_py, config=self.eval_config, scheduler=self.scheduler,
                             world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
                             log_dir=sdir.logs, log=log, **self._remote_args())
+        held = score_held_out(spec.problem, sdir.final_py, scored.result, config=self.eval_config,
+                              scheduler=self.scheduler, world_size=self.config.world_size, device=self.config.device,
+                              shape=self.config.shape, log=log, **self._remote_args())
         state["result"] = scored.result.model_dump(mode="json")
-        state["scoring"] = {"seconds": scored.seconds, "gpu_s": scored.gpu_s, "attempts": scored.attempts,
+        state["held_out"] = [h.summary for h in held]
+        state["scoring"] = {"seconds": scored.seconds + sum(h.seconds for h in held),
+                            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held), "attempts": scored.attempts,
                             "final": sdir.relative(path)}
         log.info("scored", file=str(spec.file), verdict=scored.result.verdict, seed=scoring_seed(self.eval_config.seed))
         return state

@@ -3,7 +3,7 @@ checkpointed): the problem, the condition, the model, the folder, the budget, wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -12,11 +12,13 @@ from agent.budgets import Budget
 from agent.conditions import Condition
 from agent.context import ContextPolicy
 from agent.executors.interface import Executor
+from agent.prompting import PromptChoice
 from agent.rundir import SampleDir
 from agent.scheduler import DeviceScheduler
 from agent.usage import PriceTable
 from harness.config import EvalConfig
 from harness.problem import Problem
+from prompts import SHELL_SOLUTION
 
 
 @dataclass
@@ -45,6 +47,10 @@ class SampleContext:
     # The model's window and when to start shortening old candidates; None or window None: not managed.
     context_policy: ContextPolicy | None = None
     prompt_cache: bool = True  # Anthropic breakpoints (agent.caching); off only to measure what caching saves
+    # Which prompt the sample opens with (agent.prompting: this project's or PKB's own, from a checkout).
+    prompt: PromptChoice = field(default_factory=PromptChoice)
+    shell_solution: str = SHELL_SOLUTION  # bash: the scratch folder's file that is checked and scored
+    shell_timeout_s: float = 120.0  # bash: the time limit of one command
 
     @property
     def provider(self) -> str:

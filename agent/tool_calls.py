@@ -5,6 +5,7 @@ state keeps. agent.graph's `tools` node calls run_tool_call once per call of a r
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from agent.rundir import write_json_atomic
 from agent.sample_context import SampleContext
 from tools.base import ToolContext, ToolOutcome, save_candidate
 from tools.dispatch import run_tool
-from tools.specs import DEVICE_FREE_TOOLS
+from tools.specs import BY_NAME
 
 
 def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
@@ -22,7 +23,9 @@ def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] 
     return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                        config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
                        evaluate=None if executor is None else as_evaluate(executor, spent),
-                       on_devices=None if executor is None else as_device_call(executor, spent))
+                       on_devices=None if executor is None else as_device_call(executor, spent),
+                       shell_solution=ctx.shell_solution, shell_timeout_s=ctx.shell_timeout_s,
+                       shell_hide=(ctx.directory.path.resolve().parents[3],))
 
 
 def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[ToolOutcome | None, float, str | None]:
@@ -36,7 +39,7 @@ def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[
     lease = None
     spent: list[float] = []  # device seconds of the executor's evaluations (no lease is taken here then)
     try:
-        if name in DEVICE_FREE_TOOLS:  # tools.specs: it runs no ranks, so it takes no lease
+        if not BY_NAME[name].needs_device_for(args):  # tools.specs: it runs no ranks, so it takes no lease
             outcome = run_tool(name, args, tool_context(ctx, gpus=None))
         elif ctx.executor is not None:
             outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
@@ -59,15 +62,21 @@ def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[
 
 
 def candidate_entry(ctx: SampleContext, path: Path, tool: str | None, tool_call_id: str | None, message_id: str | None,
-                    verdict: Any, speedup: Any = None) -> dict[str, Any]:
+                    verdict: Any, speedup: Any = None, **progress: Any) -> dict[str, Any]:
+    """The state's entry for one candidate; `progress`: what agent.final_scoring keeps for the trajectory
+    (turn, correct, counted speedup, sha256, tokens and dollars spent so far)."""
     return {"index": int(path.stem), "path": ctx.directory.relative(path), "tool": tool,
             "tool_call_id": tool_call_id, "message_id": message_id, "verdict": verdict,
-            "speedup": speedup if isinstance(speedup, (int, float)) else None}
+            "speedup": speedup if isinstance(speedup, (int, float)) else None, **progress}
 
 
-def reply_candidate(ctx: SampleContext, code: str, message_id: str) -> dict[str, Any]:
-    """candidates/NNN.py for code the model wrote in a reply (zero-shot, or an agent's last word)."""
-    path = save_candidate(tool_context(ctx, gpus=None), code if code.endswith("\n") else code + "\n")
-    write_json_atomic(path.with_suffix(".json"), {"source": "reply", "message_id": message_id,
+def reply_candidate(ctx: SampleContext, code: str, message_id: str | None, source: str = "reply",
+                    **progress: Any) -> dict[str, Any]:
+    """candidates/NNN.py for code the model wrote in a reply (zero-shot, or an agent's last word), or (source
+    "shell") the bash condition's solution file as the session ended."""
+    text = code if code.endswith("\n") else code + "\n"
+    path = save_candidate(tool_context(ctx, gpus=None), text)
+    write_json_atomic(path.with_suffix(".json"), {"source": source, "message_id": message_id,
                                                   "candidate": ctx.directory.relative(path)})
-    return candidate_entry(ctx, path, None, None, message_id, None)
+    return candidate_entry(ctx, path, None, None, message_id, None,
+                           sha256=hashlib.sha256(text.encode()).hexdigest(), **progress)

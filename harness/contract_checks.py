@@ -73,6 +73,8 @@ def metadata_issues(problem: Problem) -> list[str]:
     for shape in ("default", "small"):
         if shape not in problem.shapes:
             issues.append(f"no {shape!r} shape")
+        elif not problem.held_out_shapes(shape):
+            issues.append(f"no held-out shape for {shape!r} (PROBLEM['held_out'])")
     if problem.oracle is None:
         issues.append("no oracle")
     return issues

@@ -57,7 +57,48 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
         "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",  # local-memory stores
     ),
 }
+# Why warps could not issue, as ncu's WarpStateStats section names it: smsp__average_warps_issue_stalled_
+# <reason>_per_issue_active.ratio (warps stalled for that reason per cycle with an issue). The meaning is what the
+# model reads next to the reason's name.
+STALL_REASONS: dict[str, str] = {
+    "long_scoreboard": "waiting on global/local memory (L1TEX: loads, peer reads, spin-waits on flags)",
+    "barrier": "waiting at __syncthreads / a block barrier",
+    "membar": "waiting on a memory fence (__threadfence, release/acquire)",
+    "short_scoreboard": "waiting on shared memory or special-function results (MIO)",
+    "mio_throttle": "the shared-memory/MIO queue is full",
+    "lg_throttle": "the local/global memory queue is full: too many outstanding loads/stores",
+    "math_pipe_throttle": "the math pipe is busy (compute bound)",
+    "wait": "fixed-latency dependency between instructions",
+    "not_selected": "eligible but another warp issued (enough parallelism)",
+    "selected": "issued (not a stall)",
+    "dispatch_stall": "dispatch stall",
+    "drain": "draining memory stores at exit",
+    "imc_miss": "immediate-constant cache miss",
+    "branch_resolving": "resolving a branch",
+    "no_instruction": "instruction cache miss",
+    "sleeping": "sleeping (__nanosleep)",
+    "tex_throttle": "the texture queue is full",
+    "misc": "other",
+}
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def stall_metric(reason: str) -> str:
+    return f"{STALL_PREFIX}{reason}{STALL_SUFFIX}"
+
+
+METRIC_SETS["stalls"] = ("gpu__time_duration.sum", *(stall_metric(r) for r in STALL_REASONS))
+# What the agent's profile tool asks for, in one ncu run (kernel replay takes the passes it needs): per
+# kernel its duration, DRAM and NVLink bytes (throughput against the measured ceilings), SM throughput and
+# the stall reasons.
+METRIC_SETS["agent"] = (
+    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "nvltx__bytes.sum", "nvlrx__bytes.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    *(stall_metric(r) for r in STALL_REASONS),
+)
 DEFAULT_SETS = ("core", "throughput")
+AGENT_SETS = ("agent",)
 _TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
 _BYTES = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
           "kibyte": 1024.0, "mibyte": 1024.0**2, "gibyte": 1024.0**3}
@@ -190,7 +231,7 @@ def log_problems(log: str) -> list[str]:
 def _combine(metric: str) -> str:
     if metric.startswith("launch__"):
         return "max"
-    if "pct" in metric:
+    if "pct" in metric or metric.endswith(".ratio"):  # rates and ratios: weighted by each launch's GPU time
         return "weighted"
     return "sum"
 
@@ -228,6 +269,82 @@ def aggregate(rows: list[dict[str, Any]], metrics: Sequence[str],
     return kernels, per_call
 
 
+# -- what the model reads: per kernel, against the measured ceilings -----------------------------------------
+
+
+@dataclass
+class KernelSummary:
+    """One kernel of the profiled rank, per call of `solution`: its GPU time and share of the call, DRAM and
+    NVLink throughput against this machine's ceilings, SM throughput, and its top stall reasons."""
+
+    name: str
+    launches_per_call: float
+    us_per_call: float | None
+    share_of_call: float | None  # of the rank's call time (the timeline's), else of all kernels' GPU time
+    share_basis: str
+    dram_bytes_per_s: float | None
+    dram_fraction: float | None  # of the HBM ceiling (read + write counted, as the ceiling is)
+    nvlink_tx_bytes_per_s: float | None
+    nvlink_rx_bytes_per_s: float | None
+    nvlink_fraction: float | None  # the larger direction over the per-direction link ceiling
+    sm_pct: float | None
+    memory_pct: float | None
+    stalls: list[tuple[str, float]]  # (reason, warps stalled per issue cycle), largest first
+
+
+@dataclass
+class Ceiling:
+    bytes_per_s: float
+    source: str  # measured / datasheet / reference machine
+
+
+def _per_call(value: float | None, calls: int) -> float | None:
+    return None if value is None else value / max(calls, 1)
+
+
+def _rate(metrics: dict[str, float | None], seconds: float | None, calls: int, *names: str) -> float | None:
+    """Bytes per second of the named byte counters (summed) over the kernel's GPU time, per call."""
+    values = [metrics.get(n) for n in names]
+    if not seconds or all(v is None for v in values):
+        return None
+    return sum(v or 0.0 for v in values) / max(calls, 1) / seconds
+
+
+def summarize_kernels(report: NcuReport, *, hbm: Ceiling, link: Ceiling, call_us: float | None = None,
+                      top: int = 4, stalls: int = 3) -> list[KernelSummary]:
+    """The `top` kernels by GPU time (ncu's, per call of the profiled rank), each against the ceilings."""
+    duration = "gpu__time_duration.sum"
+    total_ns = sum(k.metrics.get(duration) or 0.0 for k in report.kernels)
+    out = []
+    for k in report.kernels[:top]:
+        m = k.metrics
+        ns = _per_call(m.get(duration), report.calls)
+        seconds = ns / 1e9 if ns else None
+
+        dram = _rate(m, seconds, report.calls, "dram__bytes_read.sum", "dram__bytes_write.sum")
+        tx = _rate(m, seconds, report.calls, "nvltx__bytes.sum")
+        rx = _rate(m, seconds, report.calls, "nvlrx__bytes.sum")
+        link_rate = max((r for r in (tx, rx) if r is not None), default=None)
+        if call_us and ns is not None:
+            share, basis = min(1.0, ns / 1e3 / call_us), "the rank's call time (timeline)"
+        elif ns is not None and total_ns:
+            share, basis = ns * max(report.calls, 1) / total_ns, "all profiled kernels' GPU time"
+        else:
+            share, basis = None, ""
+        reasons = sorted(((r, v) for r in STALL_REASONS if r != "selected"
+                          and (v := m.get(stall_metric(r))) is not None and v > 0), key=lambda rv: -rv[1])
+        out.append(KernelSummary(
+            name=k.name, launches_per_call=k.launches / max(report.calls, 1),
+            us_per_call=None if ns is None else ns / 1e3,
+            share_of_call=share, share_basis=basis, dram_bytes_per_s=dram,
+            dram_fraction=None if dram is None else dram / hbm.bytes_per_s, nvlink_tx_bytes_per_s=tx,
+            nvlink_rx_bytes_per_s=rx, nvlink_fraction=None if link_rate is None else link_rate / link.bytes_per_s,
+            sm_pct=m.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+            memory_pct=m.get("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+            stalls=reasons[:stalls]))
+    return out
+
+
 # -- running ncu ------------------------------------------------------------------------------------------
 
 
@@ -244,7 +361,8 @@ def _tail(path: Path, limit: int = 20000) -> str:
 
 def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, metrics: tuple[str, ...], *,
              world_size: int, shape: str, seed: int, rank: int, replay: str, calls: int, warmup: int,
-             launch_count: int, deadline: float, workdir: Path) -> tuple[NcuRun, list[dict[str, Any]], set[str]]:
+             launch_count: int, deadline: float, workdir: Path, gpus: list[int] | None = None,
+             ranks_per_gpu: int = 1) -> tuple[NcuRun, list[dict[str, Any]], set[str]]:
     # Deferred: the CLI reads this module's metric sets for its options; the rank pool and the builds are
     # needed only when ncu runs.
     from harness.compile import extensions_dir
@@ -264,7 +382,8 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
     # Nsight Compute needs the GPU's performance counters, which the sandbox's user namespace cannot reach:
     # this pool runs the candidate unsandboxed (tests/exploits/README.md lists it). It decides nothing.
     pool = RankPool(world_size, "cuda", start_timeout=min(left(), 150.0), role="candidate", sandbox=False,
-                    env={"TORCH_EXTENSIONS_DIR": str(extensions_dir())}, keep_logs=logs, rank_prefix={rank: command})
+                    env={"TORCH_EXTENSIONS_DIR": str(extensions_dir())}, keep_logs=logs, rank_prefix={rank: command},
+                    gpus=gpus, ranks_per_gpu=ranks_per_gpu)
     try:
         pool.start()
         if candidate is not None:
@@ -303,7 +422,8 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
     if run.status == "timeout" or not report.exists():
         run.message = "; ".join(x for x in [run.message, *said] if x) or "ncu wrote no report"
         return run, [], set()
-    rows, present = _import(ncu, report, metrics, timeout=max(10.0, deadline - time.monotonic()))
+    rows, present = _import(ncu, report, metrics, timeout=max(10.0, deadline - time.monotonic()),
+                            keep=workdir / f"{metric_set}.csv")
     if rows is None:
         run.message = "; ".join(["ncu --import failed", *said])
         return run, [], set()
@@ -312,8 +432,9 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
     return run, rows, present
 
 
-def _import(ncu: str, report: Path, metrics: Sequence[str],
-            timeout: float) -> tuple[list[dict[str, Any]] | None, set[str]]:
+def _import(ncu: str, report: Path, metrics: Sequence[str], timeout: float,
+            keep: Path | None = None) -> tuple[list[dict[str, Any]] | None, set[str]]:
+    """The report's raw page as rows (parse_raw_csv); `keep`: where the CSV ncu printed is saved as it is."""
     base = [ncu, "--import", str(report), "--csv", "--page", "raw"]
     for extra in (["--print-units", "base"], []):  # older ncu without --print-units: read the units row
         try:
@@ -321,15 +442,20 @@ def _import(ncu: str, report: Path, metrics: Sequence[str],
         except (OSError, subprocess.TimeoutExpired):
             return None, set()
         if out.returncode == 0:
+            if keep is not None:
+                keep.write_text(out.stdout)
             return parse_raw_csv(out.stdout, metrics)
     return None, set()
 
 
 def collect(problem: Any, candidate: Path | None, *, world_size: int, device: str, shape: str, seed: int = 0,
             rank: int = 0, budget_s: float = 60.0, metrics: Sequence[str] | None = None,
-            replay: str = "kernel", calls: int = 2, warmup: int = 2, launch_count: int = 64) -> NcuReport:
+            replay: str = "kernel", calls: int = 2, warmup: int = 2, launch_count: int = 64,
+            gpus: list[int] | None = None, ranks_per_gpu: int = 1, keep_dir: Path | None = None) -> NcuReport:
     """Nsight Compute metrics of rank `rank`, one ncu run per metric set while the budget lasts. Never
-    raises for what ncu cannot do: the report says what was not collected and why."""
+    raises for what ncu cannot do: the report says what was not collected and why. `gpus`, `ranks_per_gpu`:
+    where the ranks run (harness.emulation when ranks share a GPU); `keep_dir`: where each run's report
+    (.ncu-rep) and its raw page (CSV, as `ncu --import --csv --page raw` printed it) are kept."""
     started = time.monotonic()
     report = NcuReport(rank=rank, replay=replay, calls=calls, status="not_collected")
     sets = resolve_sets(metrics)
@@ -360,8 +486,14 @@ def collect(problem: Any, candidate: Path | None, *, world_size: int, device: st
                 continue
             run, rows, present = _one_run(ncu, problem, candidate, name, ms, world_size=world_size, shape=shape,
                                           seed=seed, rank=rank, replay=replay, calls=calls, warmup=warmup,
-                                          launch_count=launch_count, deadline=deadline, workdir=Path(tmp))
+                                          launch_count=launch_count, deadline=deadline, workdir=Path(tmp), gpus=gpus,
+                                          ranks_per_gpu=ranks_per_gpu)
             report.runs.append(run)
+            if keep_dir is not None:
+                keep_dir.mkdir(parents=True, exist_ok=True)
+                for kept in (Path(tmp) / f"{name}.ncu-rep", Path(tmp) / f"{name}.csv"):
+                    if kept.is_file():
+                        shutil.copy2(kept, keep_dir / kept.name)
             for m in ms:
                 if m in present and any(r.get(m) is not None for r in rows):
                     collected.add(m)

@@ -33,6 +33,9 @@ REQUIRED_FUNCTIONS = ("make_inputs", "solution", "oracle")
 REQUIRED_KEYS = ("name", "category", "source", "summary", "dtype", "shapes", "world_sizes", "tolerance")
 REQUIRED_SOURCE_KEYS = ("codebase", "path", "symbol")
 REQUIRED_SHAPES = ("default", "small")
+# Held-out scoring shapes (PROBLEM["held_out"]): for a visible shape V, the shape named HELD_OUT_PREFIX + V has
+# the same meaning at another size. The agent's tools never use it; the final scoring runs it too.
+HELD_OUT_PREFIX = "held-out:"
 
 
 class MalformedProblem(ValueError):
@@ -56,6 +59,8 @@ class Problem:
     module: ModuleType = field(repr=False, compare=False)
     origin: str = "pkb-agent"  # or "pkb" for problems loaded from a PKB checkout
     spec: str = ""  # how a rank worker loads it again; empty means the file path
+    # visible shape name -> its held-out shape (same keys, other sizes), chosen by the problem, not the run
+    held_out: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def loader_spec(self) -> str:
@@ -92,9 +97,16 @@ class Problem:
         return digest.hexdigest()
 
     def shape(self, name: str) -> dict[str, Any]:
+        """A named shape, or "held-out:V", the held-out counterpart of visible shape V."""
+        if name.startswith(HELD_OUT_PREFIX) and name[len(HELD_OUT_PREFIX):] in self.held_out:
+            return self.held_out[name[len(HELD_OUT_PREFIX):]]
         if name not in self.shapes:
             raise KeyError(f"problem {self.name!r} has no shape {name!r}; it has: {', '.join(self.shapes)}")
         return self.shapes[name]
+
+    def held_out_shapes(self, visible: str) -> list[str]:
+        """The names of the held-out shapes that go with the visible shape `visible` (none if not declared)."""
+        return [HELD_OUT_PREFIX + visible] if visible in self.held_out else []
 
     def supports(self, world_size: int) -> bool:
         return world_size in self.world_sizes
@@ -187,6 +199,18 @@ def problem_from_module(module: ModuleType, path: Path) -> Problem:
     if not isinstance(tol, dict) or "atol" not in tol or "rtol" not in tol:
         raise _fail(path, "PROBLEM['tolerance'] must be a dict with atol and rtol")
 
+    held_out = meta.get("held_out", {})
+    if not isinstance(held_out, dict):
+        raise _fail(path, "PROBLEM['held_out'] must map visible shape names to shape dicts")
+    for visible, dims in held_out.items():
+        if visible not in shapes:
+            raise _fail(path, f"PROBLEM['held_out'] names {visible!r}, which is not one of the shapes")
+        if not isinstance(dims, dict) or set(dims) != set(shapes[visible]):
+            raise _fail(path, f"the held-out shape of {visible!r} must have exactly its keys: "
+                              f"{sorted(shapes[visible])}")
+        if dims == shapes[visible]:
+            raise _fail(path, f"the held-out shape of {visible!r} equals it; it must differ in size")
+
     params = list(inspect.signature(module.make_inputs).parameters)
     if len(params) != 5:
         raise _fail(path, "make_inputs must take (shape, rank, world_size, generator, device)")
@@ -203,4 +227,5 @@ def problem_from_module(module: ModuleType, path: Path) -> Problem:
         rtol=float(tol["rtol"]),
         path=path,
         module=module,
+        held_out={k: dict(v) for k, v in held_out.items()},
     )

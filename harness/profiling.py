@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from harness import failures
 from harness.candidate import required_positional, trimmed_traceback
+from harness.kernel_names import short_name
 from harness.seeds import TIMING_TRIAL_BASE
 from harness.tracing import keep_torch_namespace
 
@@ -74,21 +75,6 @@ class Event:
 def classify(name: str) -> str:
     low = name.lower()
     return "comm" if any(word in low for word in COMM_WORDS) else "compute"
-
-
-def short_name(name: str, limit: int = 80) -> str:
-    """A kernel's name without its argument list (and template arguments when still too long)."""
-    name = name.removeprefix("void ").strip()
-    depth = 0
-    for i, ch in enumerate(name):  # cut at the argument list's '(' outside template brackets
-        depth += ch == "<"
-        depth -= ch == ">"
-        if ch == "(" and depth <= 0 and i > 0 and name[i - 1] != " ":  # "Memcpy PtoP (Device -> Device)" stays
-            name = name[:i]
-            break
-    if len(name) > limit and "<" in name:
-        name = name[: name.index("<")] + "<...>"
-    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -292,8 +278,8 @@ def profile_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
             fn(*sets[i % 2])
             enqueue.append(time.perf_counter() - t0)
             worker.sync()
-        if mode == "ncu":
-            return _ncu_iterations(worker, fn, sets, iters, barrier)
+        if mode in ("ncu", "nsys"):  # Nsight Compute brackets each call; Nsight Systems takes one range
+            return _ncu_iterations(worker, fn, sets, iters, barrier, per_call=mode == "ncu")
         token = torch.zeros(1, device=worker.device)
         cycles = _spin_cycles(sorted(enqueue)[len(enqueue) // 2] if enqueue else 0.0)
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -324,18 +310,28 @@ def profile_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ncu_iterations(worker: Any, fn: Any, sets: list[tuple[Any, ...]], iters: int,
-                    barrier: StoreBarrier) -> dict[str, Any]:
+                    barrier: StoreBarrier, per_call: bool = True) -> dict[str, Any]:
+    """The calls between cudaProfilerStart/Stop: each call in a range of its own (`ncu --profile-from-start
+    off` profiles only those), or all of them in one range (`nsys --capture-range=cudaProfilerApi` records
+    the first range only)."""
+    cuda = worker.device.type == "cuda"
+    if cuda and not per_call:
+        torch.cuda.profiler.start()
     for i in range(iters):
         barrier.wait()
-        if worker.device.type == "cuda":
-            torch.cuda.profiler.start()  # with `ncu --profile-from-start off`, only this range is profiled
+        if cuda:
+            if per_call:
+                torch.cuda.profiler.start()
             torch.cuda.nvtx.range_push("pkb_call")
         fn(*sets[i % 2])
         worker.sync()
-        if worker.device.type == "cuda":
+        if cuda:
             torch.cuda.nvtx.range_pop()
-            torch.cuda.profiler.stop()
-    return {"ok": True, "mode": "ncu", "iterations": iters}
+            if per_call:
+                torch.cuda.profiler.stop()
+    if cuda and not per_call:
+        torch.cuda.profiler.stop()
+    return {"ok": True, "mode": "ncu" if per_call else "nsys", "iterations": iters}
 
 
 # -- parent side -----------------------------------------------------------------------------------------
@@ -390,6 +386,10 @@ class ProfileReport:
     slowest_rank: int
     skew: float  # (max - min) / max of the ranks' median call times
     ncu: Any = None  # harness.ncu.NcuReport, when Nsight Compute was asked for
+    # harness.ncu.KernelSummary per top kernel (Nsight Compute's counters against the ceilings), and the ceilings
+    kernel_summary: list[Any] = field(default_factory=list)
+    ceilings: dict[str, Any] | None = None
+    nsys: Any = None  # harness.nsys.NsysReport, when Nsight Systems was asked for
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -448,9 +448,13 @@ def _ask(pool: RankPool, message: dict[str, Any], timeout: float, what: str) -> 
 def profile(problem: Any, candidate: Path | None, *, world_size: int, device: str, shape: str, seed: int = 0,
             warmup: int = 3, iters: int = 5, timeout: float = 300.0, ncu: bool = False, ncu_rank: int = 0,
             ncu_budget_s: float = 60.0, ncu_metrics: Sequence[str] | None = None,
-            ncu_replay: str = "kernel") -> ProfileReport:
+            ncu_replay: str = "kernel", gpus: list[int] | None = None, ranks_per_gpu: int = 1,
+            nsys: bool = False, nsys_budget_s: float = 60.0, keep_dir: Path | None = None) -> ProfileReport:
     """Profile `candidate` (None: the reference) on `world_size` ranks; on GPUs optionally add Nsight
-    Compute metrics of one rank (harness.ncu). Raises ProfileError when the candidate cannot run."""
+    Compute metrics of one rank (harness.ncu), summarised per kernel against this machine's ceilings, and
+    Nsight Systems' kernel summary of that rank where nsys is installed (harness.nsys). `gpus` and
+    `ranks_per_gpu` place the ranks (harness.emulation when they share GPUs); `keep_dir` keeps the raw Nsight
+    reports. Raises ProfileError when the candidate cannot run."""
     # Parent side only: the rank workers import this module and need neither the builds nor the pools.
     from harness.compile import compile_candidate, private_copy, visible_for
     from harness.pool import PoolError, RankPool
@@ -475,7 +479,8 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
         entry = built.extensions
     pool = RankPool(world_size, device, role="candidate" if copy is not None else "trusted",
                     extensions=private_copy(entry, folder / "extensions") if copy is not None else None,
-                    visible=visible_for(copy, problem.loader_spec) if copy is not None else ())
+                    visible=visible_for(copy, problem.loader_spec) if copy is not None else (),
+                    gpus=gpus, ranks_per_gpu=ranks_per_gpu)
     try:
         pool.start()
         if candidate is not None:
@@ -505,6 +510,31 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
 
         report.ncu = nsight.collect(problem, candidate, world_size=world_size, device=device, shape=shape,
                                     seed=seed, rank=ncu_rank, budget_s=ncu_budget_s, metrics=ncu_metrics,
-                                    replay=ncu_replay)
+                                    replay=ncu_replay, gpus=gpus, ranks_per_gpu=ranks_per_gpu,
+                                    keep_dir=keep_dir / "ncu" if keep_dir is not None else None)
+        if report.ncu.kernels:
+            report.kernel_summary, report.ceilings = kernel_summary(report.ncu, ranks, ncu_rank, device)
+    if nsys and device == "cuda":
+        from harness import nsys as systems  # parent side only, as above
+
+        report.nsys = systems.collect(problem, candidate, world_size=world_size, shape=shape, seed=seed,
+                                      rank=ncu_rank, budget_s=nsys_budget_s, gpus=gpus, ranks_per_gpu=ranks_per_gpu,
+                                      keep_dir=keep_dir / "nsys" if keep_dir is not None else None)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def kernel_summary(ncu_report: Any, ranks: list[RankTimeline], rank: int,
+                   device: str) -> tuple[list[Any], dict[str, Any]]:
+    """Nsight Compute's kernels of `rank` against this machine's ceilings (harness.roofline's: the calibration,
+    else the datasheet, else the reference machine's), their share of that rank's call from the timeline."""
+    from harness import ncu as nsight  # parent side only (harness.roofline imports pydantic)
+    from harness.roofline import resolve_ceilings
+
+    c = resolve_ceilings(None, device=device)
+    hbm = nsight.Ceiling(c.hbm_bytes_per_s, c.hbm_source)
+    link = nsight.Ceiling(c.link_bytes_per_s, c.link_source)
+    call_us = next((r.call_median_us for r in ranks if r.rank == rank), None)
+    summary = nsight.summarize_kernels(ncu_report, hbm=hbm, link=link, call_us=call_us)
+    return summary, {"hbm_bytes_per_s": c.hbm_bytes_per_s, "hbm_source": c.hbm_source,
+                     "link_bytes_per_s": c.link_bytes_per_s, "link_source": c.link_source}

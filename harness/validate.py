@@ -1,8 +1,10 @@
 """Validating problems: each distributed reference, under gloo, against its single-process oracle.
 
 One pool per world size serves every problem; a problem that fails or hangs costs a pool restart, not
-the run. Problems from a ParallelKernelBench checkout have no oracle: validate_without_oracle checks what
-can be checked without one (the reference, judged as a candidate against itself).
+the run. Each problem is validated at the shape asked for and at that shape's held-out counterpart
+(PROBLEM["held_out"], the shape only the final scoring uses), a row each. Problems from a
+ParallelKernelBench checkout have no oracle: validate_without_oracle checks what can be checked without
+one (the reference, judged as a candidate against itself).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class Validation:
     verdict: str
     message: str
     seconds: float
+    shape: str = ""
+
+
+def shapes_to_check(problem: Problem, shape: str) -> list[str]:
+    """The shape asked for and its held-out counterparts (the final scoring runs those too)."""
+    return [shape, *problem.held_out_shapes(shape)]
 
 
 def validate_problems(
@@ -62,49 +70,54 @@ def validate_problems(
             for problem in problems:
                 if not problem.supports(world_size):
                     continue
-                started = time.perf_counter()
-                issues = metadata_issues(problem) + input_issues(problem, shape, world_size, seed)
-                if issues:
-                    record(Validation(problem.name, problem.category, world_size, False, "contract",
-                                      "; ".join(issues), time.perf_counter() - started))
-                    continue
-                if pool is None:
-                    pool = RankPool(world_size, "cpu").start()
-                request = {"op": "validate", "problem": problem.loader_spec, "shape": shape, "seed": seed,
-                           "trials": trials}
-                try:
-                    replies = pool.request(request, timeout=timeout)
-                except Hang as hang:
-                    failed = [r for r in hang.replies.values() if not r.get("ok")]
-                    if not failed:
-                        pool.kill()
-                        pool = None
-                        record(Validation(problem.name, problem.category, world_size, False, failures.DEADLOCK,
-                                          str(hang), time.perf_counter() - started))
-                        continue
-                    # A rank failed and its peers were left waiting: the failure is the finding, not a hang.
-                    replies = [*failed, *(r for r in hang.replies.values() if r.get("ok"))]
-                bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: r.get("rank", 0))
-                if bad:
-                    pool.kill()  # a rank that failed mid-collective leaves the group unusable
-                    pool = None
-                    first = bad[0]
-                    message = first.get("message", "")
-                    if first.get("evidence"):
-                        message += "\n" + first["evidence"]
-                    record(Validation(problem.name, problem.category, world_size, False,
-                                      first.get("verdict", failures.INFRA_ERROR), message,
-                                      time.perf_counter() - started))
-                    continue
-                worst = max(r.get("max_abs_err", 0.0) for r in replies)
-                record(Validation(problem.name, problem.category, world_size, True, "ok",
-                                  f"max abs err {worst:.3g}", time.perf_counter() - started))
+                for name in shapes_to_check(problem, shape):
+                    pool = _validate_one(pool, problem, name, world_size, seed, trials, timeout, record)
         except PoolError as err:
             record(Validation("*", "*", world_size, False, failures.INFRA_ERROR, str(err), 0.0))
         finally:
             if pool is not None:
                 pool.close()
     return results
+
+
+def _validate_one(pool: RankPool | None, problem: Problem, shape: str, world_size: int, seed: int, trials: int,
+                  timeout: float, record: Callable[[Validation], None]) -> RankPool | None:
+    """One problem at one shape and W against its oracle; returns the pool to go on with (None: restart)."""
+    started = time.perf_counter()
+
+    def done(ok: bool, verdict: str, message: str) -> None:
+        record(Validation(problem.name, problem.category, world_size, ok, verdict, message,
+                          time.perf_counter() - started, shape))
+
+    issues = metadata_issues(problem) + input_issues(problem, shape, world_size, seed)
+    if issues:
+        done(False, "contract", "; ".join(issues))
+        return pool
+    if pool is None:
+        pool = RankPool(world_size, "cpu").start()
+    request = {"op": "validate", "problem": problem.loader_spec, "shape": shape, "seed": seed, "trials": trials}
+    try:
+        replies = pool.request(request, timeout=timeout)
+    except Hang as hang:
+        failed = [r for r in hang.replies.values() if not r.get("ok")]
+        if not failed:
+            pool.kill()
+            done(False, failures.DEADLOCK, str(hang))
+            return None
+        # A rank failed and its peers were left waiting: the failure is the finding, not a hang.
+        replies = [*failed, *(r for r in hang.replies.values() if r.get("ok"))]
+    bad = sorted((r for r in replies if not r.get("ok")), key=lambda r: r.get("rank", 0))
+    if bad:
+        pool.kill()  # a rank that failed mid-collective leaves the group unusable
+        first = bad[0]
+        message = first.get("message", "")
+        if first.get("evidence"):
+            message += "\n" + first["evidence"]
+        done(False, first.get("verdict", failures.INFRA_ERROR), message)
+        return None
+    worst = max(r.get("max_abs_err", 0.0) for r in replies)
+    done(True, "ok", f"max abs err {worst:.3g}")
+    return pool
 
 
 def validate_without_oracle(
@@ -123,14 +136,14 @@ def validate_without_oracle(
     says so, and what happened to the inputs."""
     results: list[Validation] = []
     for w in world_sizes:
-        for problem in problems:
+        for problem, name in ((p, n) for p in problems for n in shapes_to_check(p, shape)):
             if not problem.supports(w):
                 continue
             started = time.perf_counter()
-            notes = input_report.probe_inputs(problem, shape, w, seed)
+            notes = input_report.probe_inputs(problem, name, w, seed)
             config = EvalConfig(trials=max(2, trials), seed=seed, skip_timing=True,
                                 limits=Limits(check_s=timeout, reference_s=max(timeout, 120.0)))
-            result = evaluate(problem, problem.path, world_size=w, device="cpu", shape=shape, config=config)
+            result = evaluate(problem, problem.path, world_size=w, device="cpu", shape=name, config=config)
             if result.correct:
                 rules = "; ".join(result.integrity.get("rules", {}).values())
                 message = "; ".join([f"no oracle (PKB problem): the reference judged correct against itself on "
@@ -142,7 +155,7 @@ def validate_without_oracle(
                 if result.failure.evidence:
                     message += "\n" + result.failure.evidence
             v = Validation(problem.name, problem.category, w, result.correct, verdict, message,
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, name)
             results.append(v)
             if on_result:
                 on_result(v)
@@ -179,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def show(v: Validation) -> None:
         status = "PASS" if v.ok else "FAIL"
-        print(f"{status} W={v.world_size} {v.problem:40s} {v.seconds:6.2f}s  {v.verdict}: {v.message}", flush=True)
+        print(f"{status} W={v.world_size} {v.problem:40s} {v.shape:18s} {v.seconds:6.2f}s  {v.verdict}: {v.message}",
+              flush=True)
 
     started = time.perf_counter()
     results = validate_problems(problems, sizes, trials=args.trials, seed=args.seed, on_result=show)

@@ -32,6 +32,10 @@ EXAMPLES_DIR = PROMPT_DIR / "examples"
 EXAMPLES = ("ring_shift.py",)  # shown to the model, in this order
 GUIDE_FILE = "guide.md"
 TOOLS_FILE = "tools.md"
+ANSWER_FORMATS_FILE = "answer_formats.md"
+# The bash condition's files in its scratch folder (tools/bash.py), as this project's prompt names them.
+SHELL_SOLUTION = "solution.py"
+SHELL_REFERENCE = "reference.py"
 
 
 class PromptError(ValueError):
@@ -164,6 +168,22 @@ def render_system(condition_tools: Sequence[str], guide_in_prompt: bool) -> str:
         raise PromptError(f"no description in {TOOLS_FILE} for tool(s): {', '.join(unknown)}")
     tool_list = "\n".join(f"- `{t}`: {descriptions[t]}" for t in tools)
     return _substitute("system.md", tool_list=tool_list, guide_section=guide, example=example_text()).strip() + "\n"
+
+
+def render_bash_system(guide_in_prompt: bool, reference_file: str = SHELL_REFERENCE,
+                       solution_file: str = SHELL_SOLUTION) -> str:
+    """The bash condition's system prompt: a shell in a scratch folder, the harness's check as a command."""
+    guide = _guide_section(guide_in_prompt, False)
+    return _substitute("bash.md", guide_section=guide, example=example_text(), reference_file=reference_file,
+                       solution_file=solution_file).strip() + "\n"
+
+
+def answer_format(name: str, **values: Any) -> str:
+    """The answer-format paragraph of a condition: `reply` (a text reply or a tool's source) or `shell`."""
+    sections = dict(_sections(load(ANSWER_FORMATS_FILE)))
+    if name not in sections:
+        raise PromptError(f"{ANSWER_FORMATS_FILE}: no section {name!r}")
+    return Template(sections[name]).substitute({k: str(v) for k, v in values.items()})
 
 
 # -- the task prompt ------------------------------------------------------------------------------------
@@ -346,7 +366,7 @@ def _cupy_line() -> str:
 
 
 def render_task(problem: Any, shape: str, world_size: int, topology: dict[str, Any] | None,
-                include_guide: bool) -> str:
+                include_guide: bool, answer: str = "reply") -> str:
     """The task prompt for one problem at one named shape and world size (see the module docstring)."""
     dims = problem.shape(shape)
     signature = f"solution{inspect.signature(problem.solution)}"
@@ -359,7 +379,7 @@ def render_task(problem: Any, shape: str, world_size: int, topology: dict[str, A
         dtype=str(problem.dtype).replace("torch.", ""), shape_name=shape, shape_json=json.dumps(dims),
         inputs=_input_lines(problem.loader_spec, shape, world_size), world_size=world_size,
         atol=f"{problem.atol:g}", rtol=f"{problem.rtol:g}", topology=_topology_text(topology),
-        cupy=_cupy_line(), target=_target(topology),
+        cupy=_cupy_line(), target=_target(topology), answer_format=answer_format(answer, solution_file=SHELL_SOLUTION),
         guide_section=f"\n# Multi-GPU programming guide\n\n{guide_text()}\n" if include_guide else "",
     )
     return text.strip() + "\n"

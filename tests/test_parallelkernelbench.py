@@ -125,14 +125,16 @@ def test_equal_fills_stay_equal_across_ranks():
 # -- validation and scoring ---------------------------------------------------------------------------
 def test_validation_runs_each_reference_and_says_there_is_no_oracle(problems):
     results = validate_without_oracle(problems, [2], trials=2)
-    assert [(v.problem, v.world_size, v.ok) for v in results] == [(p.name, 2, True) for p in problems], results
+    assert [(v.problem, v.shape, v.world_size, v.ok) for v in results] == [
+        (p.name, shape, 2, True) for p in problems for shape in ("small", "held-out:small")], results
     assert all("no oracle" in v.message and "correct against itself" in v.message for v in results)
     assert "re-drawn per trial" in results[0].message
 
 
 def test_validate_problems_routes_pkb_problems_to_the_no_oracle_check(problems):
-    (v,) = validate_problems(problems[:1], [2], trials=2)
+    v, held = validate_problems(problems[:1], [2], trials=2)
     assert v.ok and v.problem == "1_all_reduce" and "no oracle" in v.message
+    assert held.ok and held.shape == "held-out:small"  # another base_shape: [32, 128] for [64, 64]
 
 
 def test_precompile_makes_the_checkouts_utils_importable(problems, tmp_path: Path):
@@ -157,7 +159,7 @@ def test_a_reference_that_mutates_its_inputs_is_judged_by_pkbs_rule(tmp_path: Pa
     ref = root / "reference" / "1_all_reduce.py"
     ref.write_text("import torch.distributed as dist\n\n\ndef solution(tensor):\n"
                    "    dist.all_reduce(tensor)\n    return tensor\n")
-    (v,) = validate_without_oracle(checkout.list_problems(root)[:1], [2], trials=2)
+    v, _held = validate_without_oracle(checkout.list_problems(root)[:1], [2], trials=2)
     assert v.ok, v.message
     assert "modifies its inputs in place" in v.message and "PKB's rule" in v.message
 

@@ -66,7 +66,7 @@ def test_every_tool_has_a_description_and_its_arguments_too():
     assert set(descriptions) == set(TOOL_NAMES)
     assert all(len(d) > 40 and "\n" not in d for d in descriptions.values())
     assert "barrier" in descriptions["guide"]  # $topics was filled in
-    assert set(prompts.arg_descriptions()) == {"source", "source_optional", "topic", "candidate"}
+    assert set(prompts.arg_descriptions()) == {"source", "source_optional", "topic", "candidate", "command"}
 
 
 # -- system prompts -----------------------------------------------------------------------------------

@@ -48,10 +48,12 @@ def test_category_minimums():
 
 
 def test_every_reference_matches_its_oracle_at_w2_and_w4():
+    """At the small shape and at its held-out counterpart (the shape only the final scoring uses)."""
     started = time.perf_counter()
     results = validate_problems(load_suite(), [2, 4], trials=2)
-    failed = [f"W={v.world_size} {v.problem}: {v.verdict}: {v.message[:500]}" for v in results if not v.ok]
+    failed = [f"W={v.world_size} {v.problem} {v.shape}: {v.verdict}: {v.message[:500]}" for v in results if not v.ok]
     assert not failed, "\n".join(failed)
     expected = sum(p.supports(2) for p in SUITE) + sum(p.supports(4) for p in SUITE)
-    assert len(results) == expected
+    assert len(results) == 2 * expected
+    assert {v.shape for v in results} == {"small", "held-out:small"}
     print(f"suite validated: {len(results)} (problem, W) pairs in {time.perf_counter() - started:.1f} s")

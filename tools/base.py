@@ -56,6 +56,17 @@ class ToolContext:
     evaluate: Callable[..., Any] | None = None
     on_devices: Callable[..., Any] | None = None
     counter: int = 0  # the next candidate number (never reuses a number already on disk)
+    # The bash condition (tools/bash.py): the file its harness commands and the final scoring take from the
+    # scratch folder, the time limit of one command, and host folders its sandbox must not see (the run's).
+    shell_solution: str = "solution.py"
+    shell_timeout_s: float = 120.0  # PKB's agent allows 900 s (its eval command runs a whole benchmark)
+    shell_hide: tuple[Path, ...] = ()
+    artifacts_dir: Path | None = None  # where tools keep raw artifacts (the Nsight reports); None: nowhere
+
+    def __post_init__(self) -> None:
+        # Every path a tool hands to the harness is absolute: the harness's helpers run in processes of
+        # their own (other working directories), and a relative runs folder must mean the same there.
+        self.workdir = Path(self.workdir).resolve()
 
     @property
     def candidates_dir(self) -> Path:

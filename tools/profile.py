@@ -1,7 +1,12 @@
 """`profile`: where the candidate's time goes, per rank (harness.profiling; text: tools.summaries).
 
-harness.profiling is imported when the tool runs: a build without it answers that profiling is
-unavailable (true, and costs nothing) instead of failing the agent loop.
+Every rank's timeline (PyTorch profiler). On CUDA also Nsight Compute on one rank while the others run
+free (harness.ncu, as `pkb profile --ncu` does, with the metric set the summary needs), summarised per
+kernel: its time and share of the call, DRAM and NVLink throughput against this machine's ceilings, SM
+throughput and the top stall reasons; where the counters cannot be read, one line says why. And Nsight
+Systems' kernel summary of that rank where nsys is installed (harness.nsys). harness.profiling is imported
+when the tool runs: a build without it answers that profiling is unavailable (true, and costs nothing)
+instead of failing the agent loop.
 """
 
 from __future__ import annotations
@@ -10,9 +15,13 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from harness.ncu import AGENT_SETS
 from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
 from tools.render import Block
 from tools.summaries import profile_text
+
+NCU_BUDGET_S = 120.0  # one ncu run (its rank pool, the replayed passes); past it the summary says so
+NSYS_BUDGET_S = 60.0
 
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
@@ -25,7 +34,11 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         return ToolOutcome("profile", bounded(ctx, [text]),
                            {"tool": "profile", "available": False, "error": f"{type(err).__name__}: {err}"},
                            candidate=candidate)
-    extra = optional_kwargs(profiling.profile, gpus=ctx.gpus, seed=ctx.config.seed)
+    extra = optional_kwargs(profiling.profile, gpus=ctx.gpus, seed=ctx.config.seed,
+                            ranks_per_gpu=ctx.config.ranks_per_gpu, keep_dir=ctx.artifacts_dir)
+    if ctx.device == "cuda":  # Nsight on GPUs; each says in one line what it could not do
+        extra.update(optional_kwargs(profiling.profile, ncu=True, ncu_metrics=AGENT_SETS, ncu_budget_s=NCU_BUDGET_S,
+                                     nsys=True, nsys_budget_s=NSYS_BUDGET_S))
     refused = getattr(profiling, "ProfileError", None)  # the candidate could not run: a verdict, not a crash
     with stopwatch() as clock:
         try:

@@ -34,12 +34,30 @@ class Argument:
     required: bool
 
 
+BASH_TOOL = "bash"
+# Commands of the bash tool that the harness runs (from the trusted side, on the file named, default the
+# condition's solution file) instead of the shell: the check and the benchmark, reachable from the shell.
+SHELL_HARNESS_COMMANDS: dict[str, str] = {"pkb-check": "check", "pkb-bench": "bench"}
+
+
+def shell_harness_command(command: object) -> str | None:
+    """The harness tool a bash command line asks for ("check", "bench"), or None for a shell command."""
+    words = command.split() if isinstance(command, str) else []
+    return SHELL_HARNESS_COMMANDS.get(words[0]) if words else None
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     source: Source  # does a call carry the candidate's complete file?
     needs_device: bool  # does it run ranks (and so hold the devices while it runs)?
     argument: Argument | None = None
+
+    def needs_device_for(self, args: dict[str, Any]) -> bool:
+        """Whether this call runs ranks: the spec's answer, except for bash, whose harness commands do."""
+        if self.name == BASH_TOOL:
+            return shell_harness_command(args.get("command")) is not None
+        return self.needs_device
 
     @property
     def module(self) -> str:
@@ -62,6 +80,8 @@ SPECS: tuple[ToolSpec, ...] = (
     ToolSpec("submit", "required", needs_device=False),  # records the file; the final scoring runs it later
     ToolSpec("guide", "none", needs_device=False, argument=Argument("topic", str, required=False)),
     ToolSpec("recall", "none", needs_device=False, argument=Argument("candidate", int, required=True)),
+    # A shell command in the sample's sandboxed scratch folder; its harness commands take the devices.
+    ToolSpec(BASH_TOOL, "none", needs_device=False, argument=Argument("command", str, required=True)),
 )
 BY_NAME: dict[str, ToolSpec] = {s.name: s for s in SPECS}
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from harness.kernel_names import short_name
+from harness.ncu import STALL_REASONS
 from tools.render import fit_lines
 
 if TYPE_CHECKING:
-    from harness.ncu import NcuReport
+    from harness.ncu import KernelSummary, NcuReport
+    from harness.nsys import NsysReport
     from harness.profiling import ProfileReport
     from harness.roofline import Achieved, Roofline
 
@@ -107,12 +110,73 @@ def profile_text(report: ProfileReport, max_tokens: int = 600) -> str:
     lines.append(f"slowest rank {report.slowest_rank}; skew {report.skew:.1%} ((max-min)/max of median call time)")
     slow = report.ranks[report.slowest_rank] if report.ranks else None
     if report.ncu is not None:
-        lines.extend(ncu_lines(report.ncu))
+        lines.extend(nsight_lines(report))
+    if report.nsys is not None:
+        lines.append(nsys_line(report.nsys))
     if slow is not None and slow.kernels:
         lines.append(f"kernels on rank {slow.rank} ({slow.kernel_count} distinct, {slow.lanes} streams/threads):")
         lines.extend(f"  {k.name} [{k.kind}] {_us(k.us_per_iter)} x{k.launches_per_iter:g}" for k in slow.kernels)
     lines.extend(f"note: {n}" for n in report.notes)
     return fit_lines(lines, max_tokens)
+
+
+# -- Nsight: per kernel, against the ceilings (the profile tool) ------------------------------------------------
+def _rate(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None:
+        return "n/a"
+    return f"{bytes_per_s / 1e12:.2f} TB/s" if bytes_per_s >= 1e12 else f"{bytes_per_s / 1e9:.1f} GB/s"
+
+
+def _pct(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{fraction:.0%}"
+
+
+def kernel_line(k: KernelSummary, explain_stalls: bool) -> str:
+    parts = [f"{k.us_per_call:.1f}us/call" if k.us_per_call is not None else "time n/a"]
+    if k.share_of_call is not None:
+        parts[0] += f" ({k.share_of_call:.0%} of the call)"
+    if k.launches_per_call != 1:
+        parts[0] += f" x{k.launches_per_call:g}"
+    parts.append(f"DRAM {_rate(k.dram_bytes_per_s)} = {_pct(k.dram_fraction)} of HBM")
+    if k.nvlink_tx_bytes_per_s is not None or k.nvlink_rx_bytes_per_s is not None:
+        parts.append(f"NVLink out {_rate(k.nvlink_tx_bytes_per_s)} in {_rate(k.nvlink_rx_bytes_per_s)} = "
+                     f"{_pct(k.nvlink_fraction)} of the link")
+    if k.sm_pct is not None:
+        parts.append(f"SM {k.sm_pct:.0f}%")
+    if k.stalls:
+        shown = [f"{r} {v:.2g}" + (f" ({STALL_REASONS[r]})" if explain_stalls and i == 0 else "")
+                 for i, (r, v) in enumerate(k.stalls)]
+        parts.append("stalls " + ", ".join(shown))
+    return f"  {short_name(k.name, 70)}: " + "; ".join(parts)
+
+
+def nsight_lines(report: ProfileReport) -> list[str]:
+    """Nsight Compute as the model reads it: the top kernels against the ceilings, or one line saying why
+    there are no counters (the timeline above stands alone then)."""
+    ncu = report.ncu
+    if not report.kernel_summary:
+        reasons = list(dict.fromkeys(ncu.missing.values())) if ncu.missing else []
+        why = reasons[0] if reasons else (ncu.runs[0].message if ncu.runs else "no kernel was profiled")
+        return [f"Nsight Compute: no counters read ({str(why)[:200]}); the timeline above is what there is"]
+    c = report.ceilings or {}
+    lines = [f"Nsight Compute, rank {ncu.rank}, per call ({ncu.replay} replay over {ncu.calls} calls); ceilings: HBM "
+             f"{_rate(c.get('hbm_bytes_per_s'))} ({c.get('hbm_source')}), NVLink {_rate(c.get('link_bytes_per_s'))} "
+             f"per direction ({c.get('link_source')}); stalls are warps stalled per issue cycle:"]
+    lines += [kernel_line(k, explain_stalls=True) for k in report.kernel_summary]
+    if ncu.missing:
+        names = ", ".join(NCU_LABELS.get(m, m.removeprefix("smsp__average_warps_issue_stalled_"))
+                          for m in list(ncu.missing)[:6])
+        lines.append(f"  not read: {names}: {next(iter(ncu.missing.values()))[:160]}")
+    return lines
+
+
+def nsys_line(nsys: NsysReport) -> str:
+    if nsys.status != "collected":
+        return f"Nsight Systems: {nsys.message or nsys.status}"
+    per = max(nsys.calls, 1)
+    top = "; ".join(f"{short_name(k.name, 50)} {k.total_ns / per / 1e3:.1f}us x{k.instances / per:g}"
+                    for k in nsys.kernels[:4])
+    return f"Nsight Systems, rank {nsys.rank}, per call: {top}"
 
 
 # -- Nsight Compute -----------------------------------------------------------------------------------

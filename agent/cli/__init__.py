@@ -27,7 +27,8 @@ from types import ModuleType
 from agent.cli.common import CliError
 
 # The registration point: agent/cli/<name>.py for each name, listed by `pkb --help` in this order.
-COMMANDS = ("problems", "eval", "run", "sweep", "search", "report", "export", "topology", "roofline", "profile")
+COMMANDS = ("problems", "eval", "run", "sweep", "search", "report", "rescore", "export", "topology", "roofline",
+            "profile")
 OUR_PACKAGES = ("agent", "harness", "tools", "problems", "prompts")
 # Errors of the layers below that are the user's to fix; looked up only where their module was imported
 # (an error of a module never imported cannot have been raised).

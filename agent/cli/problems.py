@@ -88,6 +88,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     shapes.add_column("dimensions")
     for name, dims in p.shapes.items():
         shapes.add_row(plain(name), plain(", ".join(f"{k}={v}" for k, v in dims.items())))
+    for name in p.held_out:  # scored at the end only; listed for people, never shown to a model
+        shapes.add_row(plain(f"held-out:{name}"), plain(", ".join(f"{k}={v}" for k, v in p.held_out[name].items())))
     console.print(shapes)
     # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
     console.print(Syntax(p.path.read_text(), "python", line_numbers=False, word_wrap=True))
@@ -97,11 +99,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     # Deferred: the problems and the rank pools import torch, which the parser does not need.
     from agent.cli.source import resolve_source, select_in
-    from harness.validate import validate_problems
+    from harness.validate import shapes_to_check, validate_problems
 
     problems = select_in(resolve_source(args.source), args.selection)
     sizes = world_sizes(args.world_size)
-    jobs = sum(1 for w in sizes for p in problems if p.supports(w))
+    jobs = sum(len(shapes_to_check(p, args.shape)) for w in sizes for p in problems if p.supports(w))
     results: list[Validation] = []
     started = time.perf_counter()
     with Progress(TextColumn("[bold]validate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
@@ -110,9 +112,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         def on_result(v: Validation) -> None:
             results.append(v)
-            progress.update(task, advance=1, description=escape(f"W={v.world_size} {v.problem}"))
+            progress.update(task, advance=1, description=escape(f"W={v.world_size} {v.problem} {v.shape}"))
             if not v.ok and not args.json:
-                failed = f"W={v.world_size} {v.problem}: {v.verdict}: {v.message}"
+                failed = f"W={v.world_size} {v.problem} (shape {v.shape}): {v.verdict}: {v.message}"
                 progress.console.print(f"[red]FAIL[/red] {escape(failed)}")
 
         validate_problems(problems, sizes, shape=args.shape, trials=args.trials, seed=args.seed,
@@ -122,17 +124,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"seconds": elapsed, "results": [v.__dict__ for v in results]}, indent=2))
     else:
-        table = Table(title=f"validation: {len(results) - len(failed)} passed, {len(failed)} failed, {elapsed:.1f} s")
+        table = Table(title=f"validation: {len(results) - len(failed)} passed, {len(failed)} failed, {elapsed:.1f} s "
+                            f"(shape {args.shape} and its held-out shape)")
         table.add_column("problem")
         table.add_column("category")
         for w in sizes:
             table.add_column(f"W={w}")
-        by_key = {(v.problem, v.world_size): v for v in results}
+        by_key: dict[tuple[str, int], list[Validation]] = {}
+        for v in results:
+            by_key.setdefault((v.problem, v.world_size), []).append(v)
         for p in problems:
             cells = []
             for w in sizes:
-                v = by_key.get((p.name, w))
-                cells.append("—" if v is None else "[green]pass[/green]" if v.ok else f"[red]{escape(v.verdict)}[/red]")
+                rows = by_key.get((p.name, w), [])
+                bad = [v for v in rows if not v.ok]
+                cells.append("—" if not rows else "[green]pass[/green]" if not bad else
+                             "[red]" + escape(", ".join(f"{v.verdict} ({v.shape})" for v in bad)) + "[/red]")
             table.add_row(plain(p.name), plain(p.category), *cells)
         console.print(table)
         console.print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {elapsed:.1f} s")

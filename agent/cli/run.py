@@ -39,7 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json")
     p.add_argument("--condition", action="append", default=None,
-                   help="zero-shot, agent, agent:<tool>+<tool> (comma-separated or repeated; default zero-shot)")
+                   help="zero-shot, agent, agent:<tool>+<tool>, bash (comma-separated or repeated; default zero-shot)")
+    p.add_argument("--prompt", default=None,
+                   help="pkb-agent (default: this project's prompts), or pkb / pkb:CHECKOUT: ParallelKernelBench's own "
+                        "prompt and code rule, assembled from the checkout's kernelgen/ (zero-shot and bash)")
+    p.add_argument("--shell-timeout", type=float, default=None,
+                   help="bash condition: seconds one shell command may run (default 120; PKB's agent: 900)")
+    p.add_argument("--pkb-hardware", default=None, choices=("h100_8", "b200_72", "none"),
+                   help="with --prompt pkb: PKB's hardware profile (default h100_8, as its published sets)")
     p.add_argument("--tools", default=None, help="tools of a plain `agent` condition, comma-separated")
     p.add_argument("--problems", nargs="+", default=None,
                    help="names, globs, categories (default: all; replay: the problems the directory solves)")

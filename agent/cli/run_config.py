@@ -16,6 +16,7 @@ from agent.cli.source import resolve_source, select_in
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
 from agent.context import DEFAULT_SHARE
 from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
+from agent.prompting import PKB, PromptChoiceError, check_conditions, parse_prompt
 from agent.rundir import RunDir
 from agent.runner import RunConfig
 from harness.problem import Problem
@@ -30,7 +31,8 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--no-timing", "skip_timing"), ("--no-guide", "guide_in_prompt"), ("--api-key-env", "api_key_env"),
                   ("--reasoning-effort", "reasoning_effort"), ("--thinking-budget", "thinking_budget"),
                   ("--models", "models"), ("--context-window", "context_window"), ("--context-share", "context_share"),
-                  ("--no-prompt-cache", "prompt_cache"))
+                  ("--no-prompt-cache", "prompt_cache"), ("--prompt", "prompt"), ("--pkb-hardware", "pkb_hardware"),
+                  ("--shell-timeout", "shell_timeout_s"))
 
 
 def _model_text(text: str) -> str:
@@ -96,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise CliError(f"--context-share must be in (0, 1], got {args.context_share}")
     if trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
+    prompt, hardware = _prompt(args, conditions)
     return RunConfig(
         model=model,
         conditions=[c.name for c in conditions],
@@ -123,7 +126,28 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         context_window=args.context_window,
         context_share=args.context_share if args.context_share is not None else DEFAULT_SHARE,
         prompt_cache=not args.no_prompt_cache,
+        prompt=prompt,
+        pkb_hardware=hardware,
+        shell_timeout_s=_positive(args.shell_timeout, "--shell-timeout") if args.shell_timeout is not None else 120.0,
     )
+
+
+def _positive(value: float, option: str) -> float:
+    if value <= 0:
+        raise CliError(f"{option} must be positive, got {value:g}")
+    return value
+
+
+def _prompt(args: argparse.Namespace, conditions: list[Condition]) -> tuple[str, str | None]:
+    """--prompt as the run stores it ("pkb-agent", or "pkb:/abs/checkout") and --pkb-hardware, checked."""
+    try:
+        choice = parse_prompt(args.prompt, args.source, args.pkb_hardware)
+        check_conditions(choice, conditions)
+    except PromptChoiceError as err:
+        raise CliError(str(err)) from None
+    if choice.name != PKB:
+        return choice.name, None
+    return f"{PKB}:{choice.checkout}", args.pkb_hardware
 
 
 def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> None:
@@ -143,6 +167,9 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
         "thinking_budget": args.thinking_budget, "models": str(Path(args.models).resolve()) if args.models else None,
         "context_window": args.context_window, "context_share": args.context_share,
         "prompt_cache": False if args.no_prompt_cache else None,
+        "prompt": (_prompt(args, stored.parsed_conditions)[0] if args.prompt else None),
+        "pkb_hardware": args.pkb_hardware,
+        "shell_timeout_s": args.shell_timeout,
     }
     for option, key in RESUME_CHECKED:
         value = given[key]

@@ -20,7 +20,7 @@ from typing import Any
 
 from agent import manifest
 from agent.conditions import REPLAY, ZERO_SHOT
-from agent.report import compare, metrics
+from agent.report import compare, metrics, trajectories
 from agent.report.run_reader import Run, Sample
 from harness.flags import is_emulated
 
@@ -292,6 +292,8 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         "baseline": reference,
         "comparisons": comparisons,
         "permutations": compare.PERMUTATIONS,
+        # held-out shapes, the best candidate, and pass / best speedup by turn, tokens and dollars
+        "trajectories": trajectories.summarize(arms),
     }
     marked = [c for c in comparisons if c["confounded"]]
     for c in marked:

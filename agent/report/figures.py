@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter
 
+from agent.report import trajectories
 from agent.report.build import Report
 from agent.report.matrix_figure import matrix_figure
 
@@ -115,6 +116,37 @@ def matrix_png(report: Report) -> bytes | None:
     return None if fig is None else _png(fig)
 
 
+def trajectory_figure(report: Report) -> bytes | None:
+    """Pass and median best speedup against turn, tokens and dollars, per arm (agent.report.trajectories)."""
+    arms = [a for a in report.data.get("trajectories") or []
+            if any(a["curves"][by]["turn"] for by in ("tools", "rescored"))]
+    if not arms:
+        return None
+    fig = MplFigure(figsize=(11, 5.6))
+    axes = fig.subplots(2, len(trajectories.AXES))
+    palette = [f"C{i}" for i in range(10)]
+    for i, arm in enumerate(arms):
+        for by, style in (("tools", "-"), ("rescored", "--")):
+            for col, (axis, title) in enumerate(trajectories.AXES):
+                points = arm["curves"][by][axis]
+                if not points:
+                    continue
+                xs = [p["x"] for p in points]
+                label = f"{arm['label']} ({'tools' if by == 'tools' else 'final scorer'})" if col == 0 else None
+                axes[0][col].step(xs, [p["pass"] for p in points], style, where="post", color=palette[i % 10],
+                                  label=label)
+                axes[1][col].step(xs, [p["best_speedup"] for p in points], style, where="post",
+                                  color=palette[i % 10])
+                axes[1][col].set_xlabel(title)
+    axes[0][0].set_ylabel("share with a correct candidate")
+    axes[1][0].set_ylabel("median best speedup so far")
+    for ax in axes[0]:
+        ax.set_ylim(-0.02, 1.02)
+    fig.legend(loc="lower center", ncol=2, fontsize="small", frameon=False, bbox_to_anchor=(0.5, -0.08))
+    fig.suptitle("pass and best speedup against turn, tokens and dollars")
+    return _png(fig)
+
+
 @dataclass(frozen=True)
 class Figure:
     alt: str  # the image's alt text
@@ -130,6 +162,8 @@ FIGURES: dict[str, Figure] = {  # by file stem
                        "No correct sample has a roofline fraction: no distribution to plot."),
     "failures": Figure("failure-class breakdown", failure_figure, "No finished sample: no verdicts to plot."),
     "matrix": Figure("condition matrix", matrix_png, "One arm only: no matrix of runs and conditions to plot."),
+    "trajectory": Figure("pass and best speedup by turn, tokens and dollars", trajectory_figure,
+                         "No sample has a trajectory (candidates with their turn): nothing to plot."),
 }
 
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from agent.report import metrics
+from agent.report import metrics, trajectories
 from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
@@ -195,6 +195,9 @@ def to_html(report: Report) -> str:
               html_table(*distribution_rows(report), "distribution-table"), "</section>",
               '<section id="failures"><h2>Failure classes</h2>', _img("failures", pngs["failures"]),
               html_table(*failure_rows(report), "failure-table"), "</section>",
+              '<section id="trajectories"><h2>Held-out shapes, best candidate, trajectories</h2>',
+              f'<p class="note">{esc(trajectories.NOTE)}</p>', _img("trajectory", pngs["trajectory"]),
+              html_table(*trajectories.rows(report), "trajectory-table"), "</section>",
               '<section id="categories"><h2>Per category</h2>', html_table(*category_rows(report), "category-table"),
               "</section>",
               '<section id="problems"><h2>Per problem</h2>', html_table(*problem_rows(report), "problem-table"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.report import trajectories
 from agent.report.build import Report
 from agent.report.figures import FIGURES
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
@@ -69,6 +70,9 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
     out += ["", "## Failure classes", ""]
     out += _figure("failures", figures)
     out += [md_table(*failure_rows(report))]
+    out += ["", "## Held-out shapes, best candidate, trajectories", "", trajectories.NOTE, ""]
+    out += _figure("trajectory", figures)
+    out += [md_table(*trajectories.rows(report))]
     out += ["", "## Per category", "", md_table(*category_rows(report))]
     out += ["", "## Per problem", "", md_table(*problem_rows(report))]
     out += ["", "Transcripts: see the HTML report (`pkb report RUN --format html`).", ""]

@@ -75,7 +75,7 @@ def run(*, problem: Problem, condition: Condition, model: BaseChatModel, model_n
                         guide_in_prompt=guide_in_prompt, executor=where.executor)
     start = {"messages": messages, "spent": Spent().as_dict(), "candidates": [], "stop_reason": None,
              "submitted": None}
-    state = build_graph(ctx, final_scoring=False).invoke(start, {"recursion_limit": recursion_limit(budget)})
+    state = build_graph(ctx, score_final=False).invoke(start, {"recursion_limit": recursion_limit(budget)})
     write_transcript(directory, state.get("messages") or [], state.get("candidates") or [])
     final = (state.get("scoring") or {}).get("final")
     source = (folder / final).read_text() if final else None

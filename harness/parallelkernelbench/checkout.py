@@ -47,6 +47,10 @@ INPUTS_FILE = Path("utils") / "input_output_tensors.py"
 REFERENCE_RE = re.compile(r"^(\d+)_([A-Za-z0-9_]+)\.py$")
 
 SHAPES: dict[str, dict[str, Any]] = {"default": {"base_shape": [1024, 1024]}, "small": {"base_shape": [64, 64]}}
+# What held-out means for a PKB problem (docs/pkb.md): its inputs have one size knob, base_shape, so the
+# held-out shape is another base_shape with as many elements and the other aspect ratio (and no square), which
+# a kernel that assumed 1024 x 1024 (or 64 x 64) rows and columns does not pass by accident.
+HELD_OUT: dict[str, dict[str, Any]] = {"default": {"base_shape": [512, 2048]}, "small": {"base_shape": [32, 128]}}
 DEFAULT_WORLD_SIZES = (2, 4, 8)  # ParallelKernelBench runs 8 ranks; 2 and 4 fit smaller machines and CPU validation
 DTYPE = torch.bfloat16  # ParallelKernelBench's default
 TOLERANCE = 1e-2  # ParallelKernelBench's atol = rtol for bf16
@@ -172,6 +176,7 @@ def _problem(root: Path, problem_id: int, name: str, reference: Path) -> Problem
         summary=summary,
         dtype=DTYPE,
         shapes={k: dict(v) for k, v in SHAPES.items()},
+        held_out={k: dict(v) for k, v in HELD_OUT.items()},
         world_sizes=sizes or DEFAULT_WORLD_SIZES,
         atol=TOLERANCE,
         rtol=TOLERANCE,

@@ -40,6 +40,14 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 0.1, "rtol": 0.02},
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"params": [[49, 16], [25, 48], [49, 16], [73, 24], [25, 48], [25, 48]]},
+        "default": {
+            "params": [
+                [3072, 4096], [768, 4096], [768, 4096], [3072, 4096], [10752, 4096], [3072, 14336], [10752, 4096],
+            ],
+        },
+    },
 }
 
 

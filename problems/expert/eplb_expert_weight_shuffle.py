@@ -33,6 +33,10 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 0.0, "rtol": 0.0},  # copied, not computed
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"local_slots": 9, "redundant_per_rank": 1, "hidden": 24, "inter": 8},
+        "default": {"local_slots": 27, "redundant_per_rank": 4, "hidden": 5376, "inter": 2048},
+    },
 }
 
 

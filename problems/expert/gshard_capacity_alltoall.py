@@ -38,6 +38,10 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 0.0, "rtol": 0.0},  # each slot holds one token or zero: copied, not computed
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"tokens": 24, "hidden": 48, "experts": 8, "capacity_factor": 1.0, "min_capacity": 4},
+        "default": {"tokens": 3072, "hidden": 3072, "experts": 64, "capacity_factor": 1.25, "min_capacity": 4},
+    },
 }
 
 

@@ -31,6 +31,10 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 0.0, "rtol": 0.0},  # copied, not computed
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"tokens": 24, "hidden": 48, "experts": 8, "topk": 2},
+        "default": {"tokens": 1536, "hidden": 3072, "experts": 64, "topk": 8},
+    },
 }
 
 

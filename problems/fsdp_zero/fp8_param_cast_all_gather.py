@@ -39,6 +39,14 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 0.0, "rtol": 1e-2},
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"params": [[55, 16], [24, 16], [24, 16], [55, 16], [96, 16], [24, 64], [96, 16]]},
+        "default": {
+            "params": [
+                [3072, 4096], [768, 4096], [768, 4096], [3072, 4096], [10752, 4096], [3072, 14336], [10752, 4096],
+            ],
+        },
+    },
 }
 
 

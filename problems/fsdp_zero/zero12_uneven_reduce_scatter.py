@@ -32,6 +32,12 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 2e-2, "rtol": 2e-2},
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"params": [[56, 16], [37, 16], [25, 16], [97, 16], [25, 56], [25], [44]]},
+        "default": {
+            "params": [[24000, 4096], [4608, 4096], [3072, 4096], [21504, 4096], [3072, 14336], [3072], [3072]],
+        },
+    },
 }
 
 

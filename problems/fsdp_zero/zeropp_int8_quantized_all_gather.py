@@ -37,6 +37,12 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 1e-5, "rtol": 1e-3},
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"params": [[53, 512], [40, 512], [72, 512], [24, 1792], [768], [127]]},
+        "default": {
+            "params": [[24000, 4096], [4608, 4096], [3072, 4096], [21504, 4096], [3072, 14336], [3072], [3072]],
+        },
+    },
 }
 
 

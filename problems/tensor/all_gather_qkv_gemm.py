@@ -27,6 +27,10 @@ PROBLEM = {
     },
     "world_sizes": [2, 4, 8],
     "tolerance": {"atol": 2e-2, "rtol": 2e-2},
+    "held_out": {  # scored at the end, never used by the tools: same meaning, other sizes
+        "small": {"tokens": 24, "hidden": 96, "q_heads": 16, "kv_heads": 8, "head_dim": 8},
+        "default": {"tokens": 3072, "hidden": 6144, "q_heads": 64, "kv_heads": 8, "head_dim": 128},
+    },
 }
 
 

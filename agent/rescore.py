@@ -1,0 +1,106 @@
+"""Every distinct candidate of a run, scored by the final scorer (`pkb rescore RUN`).
+
+The tools' verdicts are what the agent knew, on the tools' seed and the visible shape. To draw how a sample
+really improved turn by turn, each distinct candidate file (by sha256, within a sample) is scored the way
+the final scoring scores the submitted file: the visible shape on scoring_seed(seed), then, if correct, the
+problem's held-out shapes on their own seeds (agent.graph.score_file, score_held_out). The answers go into
+the sample's rescored.json, written after each candidate, so a killed rescore continues where it stopped;
+agent.report.trajectories draws them beside the tools' evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import final_scoring
+from agent.graph import score_file, score_held_out
+from agent.rundir import FINISHED, RunDir, read_json, write_json_atomic
+from agent.runner import RunConfig
+from agent.scheduler import DeviceScheduler
+from harness.problem import Problem
+
+RESCORED_FILE = "rescored.json"
+
+
+@dataclass
+class RescoreSummary:
+    samples: int = 0
+    candidates: int = 0  # candidate files seen
+    scored: int = 0  # distinct sources scored by this call
+    reused: int = 0  # already in rescored.json, or the same source as another candidate of the sample
+    missing_problems: list[str] = field(default_factory=list)
+
+
+def _sample_dirs(run: RunDir) -> list[Path]:
+    root = run.path / "samples"
+    return sorted(p.parent for p in root.glob("*/*/*/sample.json")) if root.is_dir() else []
+
+
+def rescore_sample(folder: Path, problem: Problem, config: RunConfig, scheduler: DeviceScheduler,
+                   summary: RescoreSummary, lock: threading.Lock,
+                   progress: Callable[[str], None] | None = None) -> None:
+    path = folder / RESCORED_FILE
+    previous = read_json(path)
+    done: dict[str, Any] = dict((previous or {}).get("candidates") or {}) if isinstance(previous, dict) else {}
+    by_sha = {v["sha256"]: v for v in done.values() if isinstance(v, dict) and "sha256" in v}
+    eval_config = config.eval_config()
+    files = sorted((folder / "candidates").glob("[0-9][0-9][0-9]*.py"))
+    for file in files:
+        rel = file.relative_to(folder).as_posix()
+        sha = hashlib.sha256(file.read_bytes()).hexdigest()
+        with lock:
+            summary.candidates += 1
+        if rel in done or sha in by_sha:  # scored before, or the same source as a candidate scored here
+            if rel not in done:
+                done[rel] = {**by_sha[sha], "path": rel, "same_source_as": by_sha[sha]["path"]}
+            with lock:
+                summary.reused += 1
+            continue
+        scored = score_file(problem, file, config=eval_config, scheduler=scheduler, world_size=config.world_size,
+                            device=config.device, shape=config.shape, log_dir=None)
+        held = score_held_out(problem, file, scored.result, config=eval_config, scheduler=scheduler,
+                              world_size=config.world_size, device=config.device, shape=config.shape)
+        result = scored.result.model_dump(mode="json")
+        overall = final_scoring.combined(result, [h.summary for h in held])
+        entry = {"path": rel, "sha256": sha, **overall, "speedup": result.get("speedup"),
+                 "fast_eligible": bool(result.get("fast_eligible", True)) and not result.get("emulated", False),
+                 "seed": result.get("seed"), "held_out": [h.summary for h in held]}
+        done[rel] = by_sha[sha] = entry
+        write_json_atomic(path, {"scorer": "final (visible shape on the scoring seed, then held-out shapes)",
+                                 "candidates": done})
+        with lock:
+            summary.scored += 1
+        if progress is not None:
+            progress(f"{folder.relative_to(folder.parents[3])} {rel}: {entry['verdict']}")
+    write_json_atomic(path, {"scorer": "final (visible shape on the scoring seed, then held-out shapes)",
+                             "candidates": done})
+
+
+def rescore_run(run: RunDir, config: RunConfig, problems: dict[str, Problem], *, concurrency: int = 1,
+                scheduler: DeviceScheduler | None = None,
+                progress: Callable[[str], None] | None = None) -> RescoreSummary:
+    """Every finished sample's distinct candidates, scored by the final scorer (module docstring)."""
+    summary = RescoreSummary()
+    scheduler = scheduler or DeviceScheduler(config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu)
+    lock = threading.Lock()
+    jobs = []
+    for folder in _sample_dirs(run):
+        record = read_json(folder / "sample.json") or {}
+        if record.get("status") != FINISHED:
+            continue
+        problem = problems.get(str(record.get("problem")))
+        if problem is None:
+            summary.missing_problems.append(str(record.get("problem")))
+            continue
+        summary.samples += 1
+        jobs.append((folder, problem))
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for future in [pool.submit(rescore_sample, f, p, config, scheduler, summary, lock, progress) for f, p in jobs]:
+            future.result()
+    return summary
