@@ -11,8 +11,8 @@ Each evaluation runs in a fresh interpreter (its own process, as `pkb eval` woul
 seconds evaluate() took, from inside, plus its stages. Variants: `before` (the other tree, as it was),
 `after` (this tree, sandbox as probed), `after_no_sandbox` (this tree, PKB_SANDBOX=off). The summary is
 the median per candidate and variant, its stages, and the differences. Variants run in ABBA order (the
-order reversed every other candidate and round), so a drifting load favours none. `--out` is a folder (eval_cost.json and
-eval_cost.md) or a .json file. Rounds (every candidate under every variant) stop being started once
+order reversed every other candidate and round), so a drifting load favours none. `--out` is a folder
+(eval_cost.json and eval_cost.md) or a .json file. Rounds (every candidate under every variant) stop being started once
 `--budget-s` has passed, so a slow machine ends with fewer repeats rather than past its time. The old tree
 needs no .git: `git archive COMMIT --prefix=.device/before31/ | tar -x` makes one inside an ignored folder.
 """

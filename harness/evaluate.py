@@ -51,9 +51,9 @@ from harness.rank import transport
 from harness.redaction import redact_value, secret_names
 from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 from harness.sandbox import SandboxUnavailable
-from harness.seeds import TIMING_TRIAL_BASE, fill_recipe
 from harness.sandbox.limits import SandboxLimits
 from harness.sandbox.private import private_folder, remove_private, stage_file
+from harness.seeds import TIMING_TRIAL_BASE, fill_recipe
 
 # The scratch folders the harness and the ranks exchange files through: calls (a call's inputs and the
 # ranks' outputs), sets (timing inputs: only the harness writes there), kept (timed outputs to judge).
@@ -516,7 +516,6 @@ class _Evaluation:
         assert files is not None
         wrong: list[tuple[timing.Kept, int, str]] = []
         for rank, path in sorted(kept.paths.items()):
-            issue = path.with_suffix(".issue")
             why = self._why_wrong(files, path, self.ref_dir / f"exp-{stem}-r{rank}.bin")
             if why is not None:
                 wrong.append((kept, rank, why))
