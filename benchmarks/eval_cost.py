@@ -47,7 +47,8 @@ print(json.dumps({"seconds": time.perf_counter() - started, "verdict": r.verdict
 
 
 def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # The tree first; what the caller's path held after it (a GPU machine's carried wheels, say).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     if sandbox_off:
         env["PKB_SANDBOX"] = "off"
     done = subprocess.run([sys.executable, "-c", ONE, str(candidate), device, shape], cwd=tree, env=env,

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
+REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 PROBLEMS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_reduce_residual_rmsnorm")
 
 
@@ -84,7 +86,7 @@ def main() -> int:
     started = time.perf_counter()
     with (args.out / "search.log").open("wb") as log:
         proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+                                env={**os.environ, "PYTHONPATH": REPO_FIRST})
         try:
             proc.wait(timeout=args.minutes * 60 + 300)  # the budget, and time to finish what is in flight
         except subprocess.TimeoutExpired:

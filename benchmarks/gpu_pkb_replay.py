@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
+REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
 # 2026-12-01, one H200, the same command at --concurrency 8..14 in three batches (issue 30, docs/pkb.md).
 BEFORE = {"finished": "74 of 79 (5 unfinished after 16 more minutes; 4 not started)",
@@ -67,7 +69,7 @@ def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path) -> tuple[flo
     started = time.perf_counter()
     log = (args.out / "replay.log").open("wb")
     proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": REPO_FIRST})
     try:
         proc.wait(timeout=args.budget_s)
         finished = True

@@ -102,7 +102,9 @@ class TreeWorker:
     """A long-lived process evaluating with one tree's harness."""
 
     def __init__(self, tree: Path, label: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(tree), "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        # The tree first; what the caller's path held after it (a GPU machine's carried wheels, say).
+        path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                "NVSHMEM_DISABLE_NVLS": "1"}
         self.label = label
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,

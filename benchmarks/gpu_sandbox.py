@@ -92,6 +92,8 @@ INSIDE = textwrap.dedent("""
             except OSError as err:
                 seen["unreadable"][path] = err.strerror
     for node in sorted(glob.glob("/dev/nvidia*")):
+        if os.path.isdir(node):  # /dev/nvidia-caps: a folder of capability nodes, not a device to open
+            continue
         try:
             os.close(os.open(node, os.O_RDWR))
             seen["devices"][node] = "opens"

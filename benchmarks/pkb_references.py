@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
+REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
 
 def judge_one(spec: str, world_size: int, shape: str, trials: int, timing: bool) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def run_one(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, cwd=str(REPO),
-                              env={**os.environ, "PYTHONPATH": str(REPO)},
+                              env={**os.environ, "PYTHONPATH": REPO_FIRST},
                               preexec_fn=lambda: _limit_memory(args.memory_gib), start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         _kill_session(exc)

@@ -102,6 +102,7 @@ AGENT_SETS = ("agent",)
 _TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
 _BYTES = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
           "kibyte": 1024.0, "mibyte": 1024.0**2, "gibyte": 1024.0**3}
+_UNREADABLE = re.compile(r"Unable to access the following \d+ metrics?: ([^\n]*)")
 _PASSES = re.compile(r'==PROF== Profiling "([^"]+)".*?(\d+)\s+pass', re.IGNORECASE)
 
 
@@ -121,6 +122,7 @@ class NcuRun:
     seconds: float = 0.0
     passes: dict[str, int] = field(default_factory=dict)
     message: str = ""
+    unreadable: list[str] = field(default_factory=list)  # metrics ncu said it cannot access here
 
 
 @dataclass
@@ -212,6 +214,14 @@ def parse_raw_csv(text: str, metrics: Sequence[str]) -> tuple[list[dict[str, Any
 def parse_passes(log: str) -> dict[str, int]:
     """Replay passes per profiled kernel, from ncu's "==PROF== Profiling ... - N passes" lines."""
     return {m.group(1): int(m.group(2)) for m in _PASSES.finditer(log)}
+
+
+def unreadable_metrics(log: str, requested: Sequence[str]) -> list[str]:
+    """The requested metrics ncu said it cannot access on this GPU and driver ("Unable to access the following
+    8 metrics: nvlrx__bytes.avg, ..."; it names every rollup of a metric, so a match is by the part before the
+    last dot). One such metric fails the whole run, so the caller runs again without them."""
+    named = {m.strip().rstrip(".").rsplit(".", 1)[0] for found in _UNREADABLE.findall(log) for m in found.split(",")}
+    return [m for m in requested if m.rsplit(".", 1)[0] in named]
 
 
 def log_problems(log: str) -> list[str]:
@@ -411,6 +421,7 @@ def _one_run(ncu: str, problem: Any, candidate: Path | None, metric_set: str, me
         run.seconds = time.monotonic() - started
     log = _tail(logs / f"rank{rank}.log")
     run.passes = parse_passes(log)
+    run.unreadable = unreadable_metrics(log, metrics)
     said = log_problems(log)
     multi = {k: n for k, n in run.passes.items() if n > 1}
     if multi and replay == "application":
@@ -484,10 +495,24 @@ def collect(problem: Any, candidate: Path | None, *, world_size: int, device: st
                 for m in ms:
                     why.setdefault(m, f"not collected: the {budget_s:.0f} s budget ran out before the '{name}' run")
                 continue
-            run, rows, present = _one_run(ncu, problem, candidate, name, ms, world_size=world_size, shape=shape,
-                                          seed=seed, rank=rank, replay=replay, calls=calls, warmup=warmup,
-                                          launch_count=launch_count, deadline=deadline, workdir=Path(tmp), gpus=gpus,
-                                          ranks_per_gpu=ranks_per_gpu)
+            def attempt(metrics: tuple[str, ...], set_name: str = name) -> tuple[NcuRun, list[dict[str, Any]],
+                                                                                 set[str]]:
+                return _one_run(ncu, problem, candidate, set_name, metrics, world_size=world_size, shape=shape,
+                                seed=seed, rank=rank, replay=replay, calls=calls, warmup=warmup,
+                                launch_count=launch_count, deadline=deadline, workdir=Path(tmp), gpus=gpus,
+                                ranks_per_gpu=ranks_per_gpu)
+
+            run, rows, present = attempt(ms)
+            if run.status != "collected" and run.unreadable:
+                # One metric this GPU cannot count (NVLink's on a machine without NVLink peers) fails the whole
+                # run: record it, then run the set again without it.
+                report.runs.append(run)
+                for m in run.unreadable:
+                    why.setdefault(m, "not readable here: ncu cannot access this counter on this GPU and driver")
+                readable = tuple(m for m in ms if m not in run.unreadable)
+                if not readable or deadline - time.monotonic() < 15.0:
+                    continue
+                run, rows, present = attempt(readable)
             report.runs.append(run)
             if keep_dir is not None:
                 keep_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -218,6 +219,37 @@ def test_log_parsing():
     said = nsight.log_problems(log)
     assert any("permission" in s for s in said) and "something else broke" in said
     assert any("no kernel" in s for s in said)
+
+
+def test_metrics_ncu_cannot_read_here_are_named_by_their_base():
+    # As ncu 2025.3 said it on the one-H200 machine (2026-12-01), for the agent set's NVLink counters.
+    log = ("==PROF== Connected to process 835\n==ERROR== Unable to access the following 8 metrics: nvlrx__bytes.avg, "
+           "nvlrx__bytes.max, nvlrx__bytes.min, nvlrx__bytes.sum, nvltx__bytes.avg, nvltx__bytes.max, "
+           "nvltx__bytes.min, nvltx__bytes.sum.\n==ERROR== Failed to profile \"one_shot_all_reduce\" in process 835\n")
+    agent = nsight.METRIC_SETS["agent"]
+    assert nsight.unreadable_metrics(log, agent) == ["nvltx__bytes.sum", "nvlrx__bytes.sum"]
+    assert nsight.unreadable_metrics("==PROF== Profiling \"k\" - 0: 1 pass\n", agent) == []
+
+
+def test_a_set_with_an_unreadable_metric_runs_again_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One metric ncu cannot access fails the whole run; collect runs the set again without it and says why."""
+    calls: list[tuple[str, ...]] = []
+
+    def one_run(ncu, problem, candidate, name, metrics, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(tuple(metrics))
+        if "nvltx__bytes.sum" in metrics:
+            return nsight.NcuRun(name, list(metrics), [], "timeout", unreadable=["nvltx__bytes.sum"]), [], set()
+        rows = [{"kernel": "k", **{m: 1.0 for m in metrics}}]
+        return nsight.NcuRun(name, list(metrics), [], "collected"), rows, set(metrics)
+
+    monkeypatch.setattr(nsight, "_one_run", one_run)
+    monkeypatch.setattr(nsight, "ncu_path", lambda: "/usr/bin/ncu")
+    wanted = ["gpu__time_duration.sum", "nvltx__bytes.sum"]
+    report = nsight.collect(SimpleNamespace(loader_spec="x"), None, world_size=2, device="cuda", shape="small",
+                            metrics=wanted, budget_s=120.0)
+    assert calls == [tuple(wanted), ("gpu__time_duration.sum",)]
+    assert report.status == "partial" and "gpu__time_duration.sum" not in report.missing
+    assert "not readable here" in report.missing["nvltx__bytes.sum"]
 
 
 def test_metric_sets_and_the_command_never_locks_clocks():
