@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import channel, failures
+from harness import cancel, channel, failures
 from harness.builds import may_build
 from harness.cache_dir import cache_root
 from harness.pool import REPO_ROOT, _pid_namespace_members, _sandbox_init, worker_env
@@ -137,11 +137,17 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
         proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            with cancel.killable(lambda: _signal_build(proc.pid)):  # Ctrl-C ends the build at once
+                out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             cleanup = stop_build(proc, build, started_wall)
             return CompileOutcome(False, time.perf_counter() - started, failures.COMPILE_ERROR,
                                   f"compilation did not finish within {timeout:.0f} s", native=True, cleanup=cleanup)
+        if cancel.requested():  # killed by Ctrl-C: no verdict, and nothing of the build left behind
+            channel.kill_session(proc.pid)
+            channel.kill_orphaned_builds(build)
+            channel.remove_build_locks(build, started_wall)
+            cancel.check()
         text = out.decode(errors="replace")
         seconds = time.perf_counter() - started
         builds = _builds_reported(text)
@@ -198,6 +204,15 @@ def keep_lazy_builds(copy: Path, entry: Path | None) -> list[str]:
             shutil.copytree(built, entry / built.name, symlinks=True, ignore=shutil.ignore_patterns("lock"))
             added.append(built.name)
     return added
+
+
+def _signal_build(pid: int) -> None:
+    """SIGKILL of a build's session (sandboxed: bwrap, and so its namespace): signals only."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    channel.kill_session(pid)
 
 
 def stop_build(proc: subprocess.Popen[bytes], folder: Path, since: float) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import failures, integrity, reference_cache, requirements
+from harness import cancel, failures, integrity, reference_cache, requirements
 from harness.candidate import required_positional
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
@@ -268,10 +268,19 @@ class _Evaluation:
         if sets is not None:
             started = time.perf_counter()
             key = reference_key(self.problem, self.shape, self.world_size, self.device, self.config)
-            ref_stats = reference_cache.lookup(key) if self.config.use_reference_cache else None
+            cv_max = self.checks.reference_cv_max
+            ref_stats = reference_cache.lookup(key, cv_max) if self.config.use_reference_cache else None
             if ref_stats is None:
-                ref_stats = self.reference.time(self.config.timing, seed)
-                reference_cache.store(key, ref_stats)
+                reference = self.reference
+                ref_stats, record = reference_cache.time_until_stable(
+                    lambda: reference.time(self.config.timing, seed), cv_max, self.checks.reference_attempts)
+                record["cached"] = record["stable"]  # an unstable timing is used here, never reused
+                if record["stable"]:
+                    reference_cache.store(key, ref_stats)
+            else:
+                record = {"cv": ref_stats.cv, "cv_max": cv_max, "stable": True, "attempts": 0, "from_cache": True,
+                          "cached": True}
+            self.evidence["reference_timing"] = record
             self.stages["timing_reference"] = time.perf_counter() - started
         self.reference.close()
         return ref_stats
@@ -464,7 +473,7 @@ class _Evaluation:
                 self.pool.close()
             else:
                 self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-        if self.ext_copy is not None and self.failure is None:
+        if self.ext_copy is not None and self.failure is None and not cancel.requested():
             added = keep_lazy_builds(self.ext_copy, self.ext_entry)
             if added:
                 self.evidence["lazy_builds_kept"] = added
@@ -491,6 +500,7 @@ def evaluate(
     """Run the whole protocol; `gpus` picks the physical GPUs (one per rank) on a multi-GPU node.
     The integrity checks are the device's defaults with `config.integrity`'s settings on top;
     `integrity_config`, where given, replaces `config.integrity`."""
+    cancel.check()  # the process was interrupted: nothing new starts
     config = config or EvalConfig(timing=TimingConfig.for_device(device))
     checks = IntegrityConfig.coerce(
         integrity_config if integrity_config is not None else config.integrity.overrides(), device)
@@ -541,6 +551,8 @@ def evaluate(
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)
     finally:
         ev.cleanup()
+        # Stopped by Ctrl-C midway: whatever the killed ranks said is no verdict on the candidate.
+        cancel.check()
     if ev.failure is None and ev.timings is not None:
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
         # processes of its own, never beside a candidate.
@@ -549,4 +561,5 @@ def evaluate(
             ev.evidence["roofline_bound_ms"] = bound
             if ev.timings.candidate.median_ms < checks.impossible_slack * bound:
                 ev.flags.append(integrity.IMPOSSIBLE)
+        cancel.check()  # the bound's trace may have been the wait that Ctrl-C cut short
     return ev.result()

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
-from harness import channel, failures
+from harness import cancel, channel, failures
 from harness.cache_dir import cache_root
 from harness.emulation import layout
 from harness.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
@@ -297,6 +297,7 @@ class RankPool:
         self._buffers: dict[int, bytearray] = {}
         self._process_check_at = 0.0
         self._started_at = 0.0
+        self._killer: int | None = None  # harness.cancel's key for this pool's processes
 
     @property
     def sandboxed(self) -> bool:
@@ -362,7 +363,23 @@ class RankPool:
                                          start_new_session=True)
         for fd in child_fds:
             os.close(fd)
+        # Ctrl-C of the command ends this pool's processes from the main thread at once; this thread then
+        # sees the pipes close (or its next poll) and cleans up with kill().
+        self._killer = cancel.register(self._signal_processes)
         return self
+
+    def _signal_processes(self) -> None:
+        """SIGKILL of the pool's session and of whatever carries its marker: signals only, no pipe or folder is
+        touched, so any thread may call it while the pool's owner is inside a request."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # sandboxed: bwrap's init, and so the namespace, dies with it
+        except (ProcessLookupError, PermissionError):
+            pass
+        channel.kill_session(proc.pid)
+        channel.kill_marked(self._marker)
 
     def _placement(self) -> tuple[str | None, list[int]]:
         """(CUDA_VISIBLE_DEVICES for the pool, each rank's device index under it). Physical GPUs one per
@@ -386,6 +403,9 @@ class RankPool:
     def wait_ready(self) -> RankPool:
         try:
             replies = self._collect(self.start_timeout, grace=5.0)
+        except cancel.Cancelled:
+            self.kill()  # a pool entered with `with` has no __exit__ when its start fails
+            raise
         except Hang as hang:
             self.kill()
             raise PoolError(f"rank processes did not start: {hang}; {self._log_tails(hang.missing)}") from hang
@@ -429,6 +449,9 @@ class RankPool:
             self._keys = keys
             self._buffers = {r.rank: bytearray() for r in self.ranks}
             replies = self._collect(self.start_timeout, grace=5.0)
+        except cancel.Cancelled:
+            self.kill()
+            raise
         except (Hang, OSError) as err:
             self.kill()
             raise PoolError(f"rank processes did not take their reply keys: {err}") from err
@@ -457,7 +480,10 @@ class RankPool:
         return [r.host_pid for r in self.ranks if r.host_pid is not None]
 
     def close(self, timeout: float = 10.0) -> None:
-        """Ask every rank to exit; kill whatever has not exited by the deadline."""
+        """Ask every rank to exit; kill whatever has not exited by the deadline (at once after Ctrl-C)."""
+        if cancel.requested():
+            self.kill()
+            return
         for r in self.ranks:
             try:
                 r.requests.send({"op": "exit"})
@@ -476,6 +502,9 @@ class RankPool:
         Sandboxed: SIGKILL of bwrap takes its init with it (--die-with-parent), and the kernel then ends
         every process of the sandbox's PID namespace. Unsandboxed: the launcher's session, then every
         process carrying the pool's marker (what called setsid)."""
+        if self._killer is not None:
+            cancel.unregister(self._killer)
+            self._killer = None
         proc = self.proc
         if proc is not None:
             init = _sandbox_init(proc.pid) if self.sandboxed else None
@@ -575,6 +604,7 @@ class RankPool:
             for r in self.ranks:  # a frame already buffered (extra bytes from an earlier read) comes first
                 take(r, self._parse(r))
         while len(replies) < self.world_size:
+            cancel.check()  # Ctrl-C: the pool is being killed; its caller's cleanup ends it for good
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(self.world_size)) - set(replies))

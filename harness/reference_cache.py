@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,9 @@ def _read(path: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def lookup(key: str) -> TimingStats | None:
-    """The cached stats, or None when absent, malformed or not signed by this cache's key."""
+def lookup(key: str, cv_max: float | None = None) -> TimingStats | None:
+    """The cached stats, or None when absent, malformed, not signed by this cache's key, or (with `cv_max`)
+    less stable than that: an entry cached before stability was required is timed again."""
     entry = _read(cache_file()).get(key)
     if not isinstance(entry, dict) or not isinstance(entry.get("stats"), dict):
         return None
@@ -76,7 +77,29 @@ def lookup(key: str) -> TimingStats | None:
         stats = TimingStats.model_validate(entry["stats"])
     except ValueError:
         return None
+    if cv_max is not None and not stable(stats, cv_max):
+        return None
     return stats.model_copy(update={"cached": True})
+
+
+def stable(stats: TimingStats, cv_max: float) -> bool:
+    """Whether a timing holds still enough to be reused: its coefficient of variation at most `cv_max`."""
+    return stats.cv <= cv_max
+
+
+def time_until_stable(measure: Callable[[], TimingStats], cv_max: float,
+                      attempts: int) -> tuple[TimingStats, dict[str, Any]]:
+    """Time with `measure` until a timing is stable, at most `attempts` times; the steadiest timing (lowest CV)
+    and the record of what happened (every attempt's CV; whether the one used is stable, the condition for
+    caching it)."""
+    timings: list[TimingStats] = []
+    for _ in range(max(1, attempts)):
+        timings.append(measure())
+        if stable(timings[-1], cv_max):
+            break
+    best = min(timings, key=lambda t: t.cv)
+    return best, {"cv": best.cv, "cv_max": cv_max, "stable": stable(best, cv_max), "attempts": len(timings),
+                  "attempt_cvs": [round(t.cv, 4) for t in timings], "from_cache": False}
 
 
 @contextlib.contextmanager

@@ -89,8 +89,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     for name, dims in p.shapes.items():
         shapes.add_row(plain(name), plain(", ".join(f"{k}={v}" for k, v in dims.items())))
     console.print(shapes)
-    # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
-    console.print(Syntax(p.path.read_text(), "python", line_numbers=False, word_wrap=True))
+    source = p.path.read_text()
+    if console.is_terminal:  # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
+        console.print(Syntax(source, "python", line_numbers=False, word_wrap=True))
+    else:  # a pipe or a file gets the file as it is (Syntax pads every line to the console's width)
+        console.print(plain(source.rstrip("\n")))
     return 0
 
 

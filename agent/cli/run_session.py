@@ -4,19 +4,19 @@ and its summary. agent.cli.run parses the options and imports this module once t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent import interrupts
 from agent.cli import emulation
-from agent.cli.common import CliError, console, err_console, escape, plain
+from agent.cli.common import CliError, console, err_console, escape, leave, plain
 from agent.cli.options import executor_from_args
 from agent.cli.run_config import check_resume_args, config_from_args, default_run_id
 from agent.cli.source import check_shape, resolve_source, select_in
@@ -27,7 +27,7 @@ from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
 from agent.rundir import RunDir, write_json_atomic
-from agent.runner import RunConfig, RunError, Runner, RunSummary, create_run, load_run_config
+from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
 from harness.emulation import layout
@@ -123,6 +123,7 @@ def execute(args: argparse.Namespace) -> int:
     prices = _check_model(config)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
     executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
+    interrupted: RunInterrupted | None = None
     try:
         if skipped:  # said once every check has passed, so that bad input stays one line
             print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
@@ -139,9 +140,16 @@ def execute(args: argparse.Namespace) -> int:
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
-        summary = _run_with_progress(runner, len(runner.plan()))
+        if args.resume:
+            say_what_is_left(runner)
+        try:
+            summary = run_with_progress(runner)
+        except RunInterrupted as err:
+            interrupted = err
     finally:
-        executor.close()
+        executor.close()  # also after Ctrl-C: a Ray instance started for this run is shut down
+    if interrupted is not None:
+        exit_interrupted(interrupted, resume_command(run_dir))
     _print_summary(summary, run_dir, config.ranks_per_gpu)
     if summary.fatal:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
@@ -212,25 +220,52 @@ def not_fast(records: Sequence[dict[str, Any]]) -> str | None:
     return f"{len(left)} of {len(correct)} correct sample(s) not fast: " + "; ".join(reasons)
 
 
-def _run_with_progress(runner: Runner, total: int) -> RunSummary:
+def resume_command(run_dir: RunDir) -> str:
+    return f"pkb run --run-id {run_dir.path.name} --resume --runs-dir {run_dir.path.parent}"
+
+
+def say_what_is_left(runner: Runner) -> None:
+    """`--resume`: how many samples are finished and how many are left, or that nothing is."""
+    specs = runner.plan()
+    done = sum(1 for spec in specs if runner.is_finished(spec))
+    name = runner.run_dir.path.name
+    if done == len(specs):
+        err_console.print(plain(f"pkb: run {name}: all {len(specs)} samples are finished; nothing left to run"))
+    else:
+        err_console.print(plain(f"pkb: resuming run {name}: {done} of {len(specs)} samples finished, "
+                                f"{len(specs) - done} left"))
+
+
+def run_with_progress(runner: Runner) -> RunSummary:
+    """The run with a progress line. Ctrl-C or SIGTERM: says so at once, the runner stops the running samples
+    and raises RunInterrupted (exit_interrupted then says how to resume). `pkb sweep` runs each of its runs
+    through here."""
     tally = _Tally()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task(runner.run_dir.path.name, total=total, stats="")
+        task = progress.add_task(runner.run_dir.path.name, total=len(runner.plan()), stats="")
 
         def on_sample(record: dict[str, Any], skipped: bool) -> None:
             progress.update(task, advance=1, stats=tally.add(record))
 
-        runner.on_sample = on_sample
-        try:
-            return runner.run()
-        except KeyboardInterrupt:
+        def on_interrupt(running: int) -> None:
             progress.stop()
-            err_console.print(plain(f"pkb: interrupted; finished samples are kept: pkb run --run-id "
-                                    f"{runner.run_dir.path.name} --resume --runs-dir {runner.run_dir.path.parent}"))
-            sys.stderr.flush()
-            os._exit(130)  # sample threads may sit in a model call for minutes; everything on disk is consistent
+            err_console.print(plain(f"pkb: interrupted; stopping {running} running sample(s), finished samples are "
+                                    "kept (Ctrl-C again ends at once)"))
+
+        runner.on_sample = on_sample
+        runner.on_interrupt = on_interrupt
+        with interrupts.terminate_as_interrupt():
+            return runner.run()
+
+
+def exit_interrupted(err: RunInterrupted, resume: str) -> NoReturn:
+    """After Ctrl-C stopped a run: what finished and how to continue, then exit code 130."""
+    summary = err.summary
+    err_console.print(plain(f"pkb: run {summary.run_id} stopped: {len(summary.records)} of {summary.total} samples "
+                            f"finished; continue with: {resume}"))
+    leave()
 
 
 def _cost_cell(records: list[dict[str, Any]]) -> str:

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli.common import CliError, console, err_console, plain
+from agent.cli.common import CliError, console, err_console, leave, plain
 from agent.cli.options import add_executor_arguments, executor_from_args
 from agent.model_spec import ProviderError, parse_model_spec
 from agent.search.config import STRATEGIES, Limits, SearchConfig, StopConfig, StrategyConfig
@@ -242,10 +241,11 @@ def _evaluator(name: str | None) -> tuple[Any, Any]:
 # -- the command ------------------------------------------------------------------------------------------
 def cmd_search(args: argparse.Namespace) -> int:
     # The search loop, the harness and the model stack: loaded when the command runs, not for --help.
+    from agent import interrupts
     from agent.executors.ray_cluster import RayExecutor
     from agent.search import live
     from agent.search.layout import SearchDir, SearchError, create, load_config
-    from agent.search.loop import INTERNAL_ERROR, Search
+    from agent.search.loop import INTERNAL_ERROR, Search, SearchInterrupted
     from agent.search.stopping import MODEL_FATAL, PROVIDER_UNAVAILABLE
 
     if args.resume and not args.run_id:
@@ -275,6 +275,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     evaluate, bound = _evaluator(args.evaluator)
     scheduler = _scheduler(device, world_size, args.executor)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
+    interrupted: SearchInterrupted | None = None
     try:
         capacity = max(1, executor.capacity(world_size, device))
         config = stored or config_from_args(args, [p.name for p in problems], capacity)
@@ -300,26 +301,55 @@ def cmd_search(args: argparse.Namespace) -> int:
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for {capacity} at "
                   "once)", file=sys.stderr)
-        with view:
-            try:
+        def on_interrupt(running: int) -> None:
+            view.stop()
+            err_console.print(plain(f"pkb: interrupted; stopping {running} running slot(s), everything evaluated is "
+                                    "kept (Ctrl-C again ends at once)"))
+
+        search.on_interrupt = on_interrupt
+        if stored is not None:
+            say_what_is_left(directory, config)
+        try:
+            with view, interrupts.terminate_as_interrupt():
                 summary = search.run()
-            except KeyboardInterrupt:
-                view.stop()
-                err_console.print(f"pkb: interrupted; everything evaluated is kept: pkb search --run-id "
-                                  f"{directory.path.name} --resume --runs-dir {directory.path.parent}")
-                sys.stderr.flush()
-                os._exit(130)  # slots may sit in a model call for minutes; the archive is consistent
+        except SearchInterrupted as err:
+            interrupted = err
     finally:
-        executor.close()
+        executor.close()  # also after Ctrl-C: a Ray instance started for this search is shut down
+    resume = f"pkb search --run-id {directory.path.name} --resume --runs-dir {directory.path.parent}"
+    if interrupted is not None:
+        err_console.print(plain(f"pkb: search {directory.path.name} stopped; continue with: {resume}"))
+        leave()
     live.print_summary(directory, config, console)
     console.print(f"stopped: {summary.stop_reason}   live: {directory.live_html}   report: pkb report {directory.path}")
     for line in summary.errors:
         console.print(plain(line), style="red")
     if summary.stop_reason in (MODEL_FATAL, PROVIDER_UNAVAILABLE, INTERNAL_ERROR) or summary.errors:
-        console.print(f"continue with: pkb search --run-id {directory.path.name} --resume --runs-dir "
-                      f"{directory.path.parent}")
+        console.print(plain(f"continue with: {resume}"))
         return 1
     return 0
+
+
+def say_what_is_left(directory: SearchDir, config: SearchConfig) -> None:
+    """`--resume`: what the search has done and what is left, or that nothing is."""
+    from agent.search.archive import EVALUATED, Archive  # the search's archive: when the command runs
+
+    with Archive(directory.archive) as archive:
+        candidates = archive.candidates()
+        stopped = archive.stops()
+    evaluated = sum(1 for c in candidates if c.status == EVALUATED)
+    unfinished = len(candidates) - evaluated
+    active = [p for p in config.problems if p not in stopped]
+    name = directory.path.name
+    if not active and not unfinished:
+        err_console.print(plain(f"pkb: search {name}: every problem has stopped ({evaluated} candidates evaluated); "
+                                "nothing left to search (a re-scoring cut short is finished)"))
+        return
+    parts = [f"{evaluated} candidates evaluated"]
+    if unfinished:
+        parts.append(f"{unfinished} unfinished (done first)")
+    parts.append(f"still searching: {', '.join(active)}" if active else "every problem has stopped")
+    err_console.print(plain(f"pkb: resuming search {name}: " + "; ".join(parts)))
 
 
 def _default_run_id(model: str) -> str:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from agent.executors.request import (
     with_candidate_name,
     with_gpus,
 )
+from harness import cancel
 from harness.evaluate import evaluate as harness_evaluate
 from harness.pool import REPO_ROOT, SAFE_ENV
 from harness.problem import Problem
@@ -30,6 +32,7 @@ from harness.results import EvalResult
 
 # Rank logs are capped by the pool (200 kB each); this bounds what one task sends back in all.
 MAX_LOG_BYTES = 1_000_000
+CANCEL_POLL_S = 0.5  # how often a wait for a task looks whether the driver was interrupted (Ctrl-C)
 
 
 @dataclass(frozen=True)
@@ -301,15 +304,33 @@ class RayExecutor:
         payload = {"request": asdict(request), "code": self.code, "root": str(REPO_ROOT)}
         return self._task.options(**self.task_options(request.world_size, request.device)).remote(payload)
 
+    def _wait(self, ref: Any) -> bool:
+        """Wait for a task as ray.get(ref, timeout=task_timeout_s) would, looking every CANCEL_POLL_S whether
+        the driver was interrupted: True once it finished, False when the timeout passed. After Ctrl-C
+        (harness.cancel) the task is cancelled with force, so Ray kills its worker and the reaper beside the
+        evaluation (agent.executors.reaper) ends the rank groups it leaves; then Cancelled is raised."""
+        ray = self._ray
+        deadline = None if self.task_timeout_s is None else time.monotonic() + self.task_timeout_s
+        while True:
+            if cancel.requested():
+                ray.cancel(ref, force=True)
+                cancel.check()
+            step = CANCEL_POLL_S if deadline is None else min(CANCEL_POLL_S, deadline - time.monotonic())
+            if step <= 0:
+                return False
+            ready, _ = ray.wait([ref], timeout=step)
+            if ready:
+                return True
+
     def collect(self, request: EvalRequest, ref: Any) -> EvalResult:
         """The result of a submitted evaluation; the rank logs go to request.log_dir."""
         ray = self._ray
         try:
-            reply = ray.get(ref, timeout=self.task_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
-            return infra_result(request, f"the evaluation's Ray task did not finish within {self.task_timeout_s:.0f} s",
-                                executor={"name": self.name})
+            if not self._wait(ref):
+                ray.cancel(ref, force=True)
+                return infra_result(request, f"the evaluation's Ray task did not finish within "
+                                             f"{self.task_timeout_s:.0f} s", executor={"name": self.name})
+            reply = ray.get(ref)
         except ray.exceptions.RayError as err:  # worker or node died, task raised: after max_retries
             return infra_result(request, f"the evaluation's Ray task failed {self.max_retries + 1} time(s); last: "
                                          f"{type(err).__name__}: {_first_line(err)}",
@@ -338,11 +359,11 @@ class RayExecutor:
         options = {**self.task_options(world_size, device), "retry_exceptions": False}
         ref = self._call.options(**options).remote(payload)
         try:
-            return ray.get(ref, timeout=self.task_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
-            raise ExecutorError(f"{getattr(fn, '__name__', fn)} did not finish on the Ray cluster within "
-                                f"{self.task_timeout_s:.0f} s") from None
+            if not self._wait(ref):
+                ray.cancel(ref, force=True)
+                raise ExecutorError(f"{getattr(fn, '__name__', fn)} did not finish on the Ray cluster within "
+                                    f"{self.task_timeout_s:.0f} s")
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # fn itself raised: the caller gets that very exception
             # err.cause is fn's exception as the node raised it (Ray swaps in a RayError when it does not pickle).
             # as_instanceof_cause() would give a RayTaskError subclass whose str() is Ray's whole report, so a
@@ -359,7 +380,12 @@ class RayExecutor:
     def evaluate_many(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         """All submitted at once (Ray queues what the cluster cannot hold yet); results in request order."""
         refs = [self.submit(r) for r in requests]
-        return [self.collect(r, ref) for r, ref in zip(requests, refs)]
+        try:
+            return [self.collect(r, ref) for r, ref in zip(requests, refs)]
+        except cancel.Cancelled:  # Ctrl-C: the queued ones never start either
+            for ref in refs:
+                self._ray.cancel(ref, force=True)
+            raise
 
     def close(self) -> None:
         if self.owns_connection and self._ray.is_initialized():

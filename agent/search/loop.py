@@ -34,6 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import interrupts
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
@@ -60,6 +61,15 @@ from harness.problem import Problem
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
 OUTAGE_PAUSES_S = (5.0, 15.0, 60.0, 300.0)  # between attempts, the last one repeated
 INTERNAL_ERROR = "internal_error"
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped the search: running evaluations were stopped, the archive is consistent.
+    `still_running`: slots left in a model call (the caller ends the process without waiting for them)."""
+
+    def __init__(self, run_id: str, still_running: int) -> None:
+        super().__init__(f"search {run_id} interrupted")
+        self.still_running = still_running
 
 
 @dataclass
@@ -116,6 +126,9 @@ class Search:
         self._session = 0
         self._session_started = 0.0
         self._before_s = 0.0
+        self._rescoring: list[Future[None]] = []
+        # Called at once on Ctrl-C with the number of running slots, before they are stopped (the CLI says so).
+        self.on_interrupt: Callable[[int], None] | None = None
 
     # -- the clock ----------------------------------------------------------------------------------------
     def elapsed_s(self) -> float:
@@ -139,6 +152,7 @@ class Search:
         pool = ThreadPoolExecutor(max_workers=self.window, thread_name_prefix="search")
         in_flight: dict[int, Future[None]] = {}
         interrupted = False
+        left = 0  # slots still running after Ctrl-C (in a model call)
         try:
             self.proposer.log = self.log
             self._bounds()
@@ -173,13 +187,20 @@ class Search:
             archive.set_meta("stop_reason", stopping.INTERRUPTED)
             self._heartbeat()
             interrupted = True
-            raise
+            futures = [*in_flight.values(), *self._rescoring]
+            busy = sum(1 for f in futures if not f.done())
+            if self.on_interrupt is not None:
+                self.on_interrupt(busy)
+            self.log.info("search_interrupted", running=busy)
+            left = interrupts.stop_work(futures)  # evaluations stopped, their processes ended
+            self.log.info("search_stopped", still_running=left)
+            raise SearchInterrupted(self.directory.path.name, left) from None
         finally:
-            # After Ctrl-C the caller exits at once: slots in a model call or an evaluation are not waited for
-            # (the archive is consistent whenever the process ends; --resume redoes what they were doing).
+            # After Ctrl-C, slots still in a model call are not waited for: the caller ends the process (the
+            # archive is consistent whenever the process ends; --resume redoes what they were doing).
             pool.shutdown(wait=not interrupted, cancel_futures=True)
             handle.close()
-            if not interrupted:
+            if not interrupted or not left:
                 archive.close()
                 self.archive = None
 
@@ -389,6 +410,7 @@ class Search:
     def _rescore(self, pool: ThreadPoolExecutor) -> None:
         seeds = self.rescore_seeds()
         futures = {name: pool.submit(self._rescore_problem, name, seeds) for name in self.order}
+        self._rescoring = list(futures.values())  # what Ctrl-C has to stop
         for name, future in futures.items():
             try:
                 future.result()
