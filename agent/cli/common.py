@@ -11,6 +11,7 @@ another width) and fold long cells, and other lines are written whole: never pad
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["CliError", "console", "err_console", "escape", "existing_file", "leave", "plain", "world_sizes"]
+__all__ = ["CliError", "HelpFormatter", "Parser", "console", "err_console", "escape", "existing_file", "leave",
+           "plain", "world_sizes"]
 
 
 class CliError(Exception):
@@ -52,6 +54,27 @@ def _fold(table: Table, piped: bool) -> None:
             column.overflow = "fold"
     if piped and table.box is not None:
         table.box = box.ASCII2
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help line ends with its default, where it has one its help does not state already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        shown = (action.option_strings and default is not None and default is not False
+                 and default is not argparse.SUPPRESS and default != [])
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """`pkb`'s parsers (every subcommand's inherits this class): help lines with their defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 # Each finds its stream (sys.stdout, sys.stderr) when it prints: output goes where the stream is now.

@@ -67,7 +67,7 @@ TERMINAL = ("problem", "candidates", "correct", "best", "roofline", "status")
 def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table:
     caption = timing_note(config.device)
     t = Table(title=f"search {directory.path.name} ({config.strategy.name}, {config.model})",
-              caption=caption.capitalize() if caption else None)
+              caption=caption)
     keep = [HEADERS.index(h) for h in TERMINAL]
     for i in keep:
         t.add_column(HEADERS[i], overflow="fold")
@@ -163,7 +163,7 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</p>",
         "<table>", *body, "</table>",
         f"<p>{html.escape(BEST_NOTE)}.</p>",
-        *([f"<p><b>{html.escape(note.capitalize())}.</b></p>"] if (note := timing_note(config.device)) else []),
+        *([f"<p><b>{html.escape(note)}.</b></p>"] if (note := timing_note(config.device)) else []),
         svg_chart(speed, title="best trusted speedup", xlabel="hours running", ylabel="speedup", tick=speedup_text,
                   log_y=True),
         svg_chart(frac, title="roofline fraction of that kernel", xlabel="hours running",

@@ -223,7 +223,7 @@ def _throughput_lines(t: dict[str, Any]) -> list[str]:
 def _notes(report: dict[str, Any]) -> list[str]:
     """What to know before reading the table: what "best" is, and on CPU what a speedup is worth."""
     note = timing_note(report["config"]["device"])
-    return [f"{BEST_NOTE}.", *([f"{note.capitalize()}."] if note else [])]
+    return [f"{BEST_NOTE}.", *([f"{note}."] if note else [])]
 
 
 def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
