@@ -46,14 +46,22 @@ class CliConsole(Console):
         super().print(*objects, soft_wrap=soft_wrap, **kwargs)
 
 
+# Tables in a pipe: a rule under the header, no other lines (rich's SIMPLE, in ASCII): the columns keep room.
+PIPE_BOX = box.Box("    \n    \n -- \n    \n    \n -- \n    \n    \n", ascii=True)
+
+
 def _fold(table: Table, piped: bool) -> None:
-    """A long cell folds onto more lines instead of being cut short; in a pipe the borders are ASCII, so that
-    a line is as many bytes as characters (awk, cut and friends count bytes)."""
+    """A long cell folds onto more lines instead of being cut short (a header between its words); in a pipe
+    the only border is an ASCII rule under the header, so that a line is as many bytes as characters (awk,
+    cut and friends count bytes) and the columns keep the room."""
     for column in table.columns:
         if column.overflow == "ellipsis":
             column.overflow = "fold"
+        if isinstance(column.header, str) and column.header.split():  # a header folds between words only
+            column.min_width = max(column.min_width or 0, *(len(word) for word in column.header.split()))
     if piped and table.box is not None:
-        table.box = box.ASCII2
+        table.box = PIPE_BOX
+        table.show_edge = False
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -278,7 +278,8 @@ def _cost_cell(records: list[dict[str, Any]]) -> str:
 def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1) -> None:
     emulated = layout.is_emulated(ranks_per_gpu)
     table = Table(title=plain(f"run {summary.run_id}: {len(summary.records)} of {summary.total} samples finished"))
-    for col in ("condition", "samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
+    table.add_column("condition", no_wrap=True)  # a row's name stays whole; the numbers take less room
+    for col in ("samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
         table.add_column(col)
     by_condition: dict[str, list[dict[str, Any]]] = {}
     for r in summary.records:

@@ -70,7 +70,7 @@ def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table
               caption=caption)
     keep = [HEADERS.index(h) for h in TERMINAL]
     for i in keep:
-        t.add_column(HEADERS[i], overflow="fold")
+        t.add_column(HEADERS[i], overflow="fold", no_wrap=HEADERS[i] == "problem")  # a name stays whole
     for row in problem_rows(archive, config.problems, config.rescore_seeds):
         values = cells(row)
         t.add_row(*(values[i] for i in keep))
@@ -118,7 +118,8 @@ def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str
         parts.append(f'<text x="{left - 4}" y="{py(label) + 4:.1f}" text-anchor="end">'
                      f'{html.escape(tick(label))}</text>')
         xv = x0 + frac * (x1 - x0)
-        parts.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 14}" text-anchor="middle">{xv:.3g}</text>')
+        anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]  # the first clear of the y axis's lowest label
+        parts.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 14}" text-anchor="{anchor}">{xv:.3g}</text>')
     for i, (name, pts) in enumerate(sorted(series.items())):
         color = COLORS[i % len(COLORS)]
         path = []
