@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,10 @@ def test_search_then_resume_then_report(tmp_path: Path, capsys: pytest.CaptureFi
     run = tmp_path / "runs" / "s"
     assert (run / "search.json").is_file() and (run / "live.html").is_file()
     assert json.loads((run / "search.json").read_text())["config"]["strategy"]["name"] == "best_first"
+    capsys.readouterr()
     assert search(tmp_path, "--run-id", "s", "--resume", *FAKE) == 0  # nothing left to do: still fine
+    assert "pkb: search s: every problem has stopped (12 candidates evaluated); nothing left to search" in \
+        capsys.readouterr().err
     with Archive(run / "archive.sqlite") as a:
         assert len(a.candidates()) == 12 and len(a.sessions()) == 2
     assert main(["report", str(run), "--out", str(tmp_path / "r.md")]) == 0
@@ -119,7 +123,7 @@ def test_the_best_the_search_prints_is_the_one_its_report_and_live_page_show(
         best = problem["best"]
         assert best is not None and best["confirmed"]  # re-scored at the end of the search
         row = next(line for line in printed.splitlines() if f" {problem['problem']} " in line)
-        cells = [c.strip() for c in row.replace("│", "|").split("|") if c.strip()]
+        cells = re.split(r"\s{2,}", row.strip())  # a piped table: columns apart by runs of spaces
         assert best["text"] in cells, (best["text"], cells)
         assert f"<td>{best['text']}</td>" in live
         assert f"| {problem['problem']} | {best['text']} |" in markdown

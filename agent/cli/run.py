@@ -129,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"pkb: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the run had anything to stop (as `pkb run` says it)
+        print("pkb: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

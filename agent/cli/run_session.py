@@ -123,7 +123,7 @@ def execute(args: argparse.Namespace) -> int:
     prices = _check_model(config)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
     executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
-    interrupted: RunInterrupted | None = None
+    interrupted: KeyboardInterrupt | None = None
     try:
         if skipped:  # said once every check has passed, so that bad input stays one line
             print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
@@ -140,11 +140,9 @@ def execute(args: argparse.Namespace) -> int:
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
-        if args.resume:
-            say_what_is_left(runner)
         try:
-            summary = run_with_progress(runner)
-        except RunInterrupted as err:
+            summary = run_with_progress(runner, resuming=args.resume)
+        except KeyboardInterrupt as err:  # RunInterrupted, or Ctrl-C before the first sample began
             interrupted = err
     finally:
         executor.close()  # also after Ctrl-C: a Ray instance started for this run is shut down
@@ -236,10 +234,10 @@ def say_what_is_left(runner: Runner) -> None:
                                 f"{len(specs) - done} left"))
 
 
-def run_with_progress(runner: Runner) -> RunSummary:
-    """The run with a progress line. Ctrl-C or SIGTERM: says so at once, the runner stops the running samples
-    and raises RunInterrupted (exit_interrupted then says how to resume). `pkb sweep` runs each of its runs
-    through here."""
+def run_with_progress(runner: Runner, resuming: bool = False) -> RunSummary:
+    """The run with a progress line (after, with `resuming`, what is left). Ctrl-C or SIGTERM: says so at once,
+    the runner stops the running samples and raises RunInterrupted (a KeyboardInterrupt: exit_interrupted then
+    says how to resume). `pkb sweep` runs each of its runs through here."""
     tally = _Tally()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
@@ -257,14 +255,18 @@ def run_with_progress(runner: Runner) -> RunSummary:
         runner.on_sample = on_sample
         runner.on_interrupt = on_interrupt
         with interrupts.terminate_as_interrupt():
+            if resuming:
+                say_what_is_left(runner)
             return runner.run()
 
 
-def exit_interrupted(err: RunInterrupted, resume: str) -> NoReturn:
-    """After Ctrl-C stopped a run: what finished and how to continue, then exit code 130."""
-    summary = err.summary
-    err_console.print(plain(f"pkb: run {summary.run_id} stopped: {len(summary.records)} of {summary.total} samples "
-                            f"finished; continue with: {resume}"))
+def exit_interrupted(err: KeyboardInterrupt, resume: str) -> NoReturn:
+    """After Ctrl-C stopped a run: what finished (RunInterrupted knows) and how to continue; exit code 130."""
+    if isinstance(err, RunInterrupted):
+        done = f"{len(err.summary.records)} of {err.summary.total} samples finished"
+        err_console.print(plain(f"pkb: run {err.summary.run_id} stopped: {done}; continue with: {resume}"))
+    else:
+        err_console.print(plain(f"pkb: interrupted before any sample began; continue with: {resume}"))
     leave()
 
 

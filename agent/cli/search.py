@@ -255,7 +255,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from agent.executors.ray_cluster import RayExecutor
     from agent.search import live
     from agent.search.layout import SearchDir, SearchError, create, load_config
-    from agent.search.loop import INTERNAL_ERROR, Search, SearchInterrupted
+    from agent.search.loop import INTERNAL_ERROR, Search
     from agent.search.stopping import MODEL_FATAL, PROVIDER_UNAVAILABLE
 
     if args.resume and not args.run_id:
@@ -285,7 +285,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     evaluate, bound = _evaluator(args.evaluator)
     scheduler = _scheduler(device, world_size, args.executor)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
-    interrupted: SearchInterrupted | None = None
+    interrupted: KeyboardInterrupt | None = None
     try:
         capacity = max(1, executor.capacity(world_size, device))
         config = stored or config_from_args(args, [p.name for p in problems], capacity)
@@ -317,12 +317,12 @@ def cmd_search(args: argparse.Namespace) -> int:
                                     "kept (Ctrl-C again ends at once)"))
 
         search.on_interrupt = on_interrupt
-        if stored is not None:
-            say_what_is_left(directory, config)
         try:
             with view, interrupts.terminate_as_interrupt():
+                if stored is not None:
+                    say_what_is_left(directory, config)
                 summary = search.run()
-        except SearchInterrupted as err:
+        except KeyboardInterrupt as err:  # SearchInterrupted, or Ctrl-C before the search began
             interrupted = err
     finally:
         executor.close()  # also after Ctrl-C: a Ray instance started for this search is shut down
@@ -386,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"pkb: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the search had anything to stop (as `pkb search` says it)
+        print("pkb: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
