@@ -15,9 +15,10 @@ their folders). A thread inside a model call cannot be cut short: it is left to 
 command then leaves with os._exit (agent.cli.interrupted), never waiting for it. From the first signal on, a
 second one ends the process at once (after killing what the harness still holds: signals only).
 
-With a Ray executor the driver's waits poll harness.cancel too: an evaluation's task is cancelled with force
-(Ray kills its worker, and the reaper beside the evaluation ends the rank groups it leaves,
-agent.executors.reaper); queued samples are never submitted.
+With a Ray executor the driver's waits poll harness.cancel too: an evaluation's task is cancelled (the harness
+in it cleans up), and with force when it has not ended a few seconds later (Ray kills its worker, and the
+reaper beside the evaluation ends the rank groups it leaves, agent.executors.reaper); queued samples are
+never submitted.
 """
 
 from __future__ import annotations

@@ -121,6 +121,7 @@ class _Evaluation:
         self.pool: RankPool | None = None
         self.ext_copy: Path | None = None
         self.ext_entry: Path | None = None
+        self.abandoned = False  # stopped from outside (Ctrl-C, a cancelled task): its pools are killed, not closed
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
@@ -469,11 +470,11 @@ class _Evaluation:
         if self.reference is not None:
             self.reference.kill()
         if self.pool is not None:
-            if self.failure is None:
+            if self.failure is None and not self.abandoned:
                 self.pool.close()
             else:
                 self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-        if self.ext_copy is not None and self.failure is None and not cancel.requested():
+        if self.ext_copy is not None and self.failure is None and not self.abandoned:
             added = keep_lazy_builds(self.ext_copy, self.ext_entry)
             if added:
                 self.evidence["lazy_builds_kept"] = added
@@ -549,6 +550,9 @@ def evaluate(
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase="reference")
     except (PoolError, SandboxUnavailable) as err:
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase)
+    except BaseException:  # Ctrl-C, harness.cancel, a Ray task cancelled: no polite wait for busy ranks
+        ev.abandoned = True
+        raise
     finally:
         ev.cleanup()
         # Stopped by Ctrl-C midway: whatever the killed ranks said is no verdict on the candidate.

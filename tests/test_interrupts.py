@@ -153,7 +153,7 @@ def test_a_ray_wait_cancels_its_task_on_interrupt(fresh_cancel: None) -> None:
             self.cancelled: list[tuple[Any, bool]] = []
 
         def wait(self, refs: list[Any], timeout: float) -> tuple[list[Any], list[Any]]:
-            time.sleep(min(timeout, 0.05))
+            time.sleep(min(timeout, 0.05))  # a task that never ends, not even when asked to
             return [], refs
 
         def cancel(self, ref: Any, force: bool = False) -> None:
@@ -167,7 +167,7 @@ def test_a_ray_wait_cancels_its_task_on_interrupt(fresh_cancel: None) -> None:
     threading.Timer(0.2, cancel.request).start()
     with pytest.raises(cancel.Cancelled):
         executor._wait("task")
-    assert executor._ray.cancelled == [("task", True)]
+    assert executor._ray.cancelled == [("task", False), ("task", True)]  # asked to stop, then, still running, forced
 
 
 # -- `pkb run` as a user runs it ------------------------------------------------------------------------------

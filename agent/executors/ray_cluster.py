@@ -33,6 +33,9 @@ from harness.results import EvalResult
 # Rank logs are capped by the pool (200 kB each); this bounds what one task sends back in all.
 MAX_LOG_BYTES = 1_000_000
 CANCEL_POLL_S = 0.5  # how often a wait for a task looks whether the driver was interrupted (Ctrl-C)
+# After Ctrl-C, how long a task gets to end once interrupted (Ray raises KeyboardInterrupt in it: the harness
+# kills its rank pools and removes its folders), before it is cancelled with force (Ray kills the worker).
+CANCEL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -307,13 +310,18 @@ class RayExecutor:
     def _wait(self, ref: Any) -> bool:
         """Wait for a task as ray.get(ref, timeout=task_timeout_s) would, looking every CANCEL_POLL_S whether
         the driver was interrupted: True once it finished, False when the timeout passed. After Ctrl-C
-        (harness.cancel) the task is cancelled with force, so Ray kills its worker and the reaper beside the
-        evaluation (agent.executors.reaper) ends the rank groups it leaves; then Cancelled is raised."""
+        (harness.cancel) the task is cancelled: Ray raises KeyboardInterrupt in it, so the harness kills its
+        rank pools and removes its folders; one still running CANCEL_GRACE_S later is cancelled with force (Ray
+        kills its worker, and the reaper beside the evaluation ends the rank groups it leaves). Then Cancelled
+        is raised."""
         ray = self._ray
         deadline = None if self.task_timeout_s is None else time.monotonic() + self.task_timeout_s
         while True:
             if cancel.requested():
-                ray.cancel(ref, force=True)
+                ray.cancel(ref, force=False)
+                ended, _ = ray.wait([ref], timeout=CANCEL_GRACE_S)
+                if not ended:
+                    ray.cancel(ref, force=True)
                 cancel.check()
             step = CANCEL_POLL_S if deadline is None else min(CANCEL_POLL_S, deadline - time.monotonic())
             if step <= 0:
