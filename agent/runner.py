@@ -71,7 +71,7 @@ from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
 from agent.usage import PriceTable
 from agent.versions import versions
-from harness import failures, topology
+from harness import cancel, failures, topology
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
 from harness.environment import environment
@@ -436,14 +436,18 @@ class Runner:
             running: set[Future[None]] = set()
             try:
                 while queue or running:
-                    while queue and len(running) < self.concurrency and not self._abort.is_set():
+                    if cancel.requested():  # Ctrl-C (agent.interrupts): polled, never raised into this loop
+                        raise KeyboardInterrupt
+                    while (queue and len(running) < self.concurrency and not self._abort.is_set()
+                           and not cancel.requested()):
                         running.add(pool.submit(one, queue.pop(0)))
                     if not running:
                         break
-                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    done, _ = wait(running, timeout=interrupts.CANCEL_POLL_S, return_when=FIRST_COMPLETED)
                     for f in done:
-                        f.result()
-            except KeyboardInterrupt:
+                        f.result()  # a sample stopped by Ctrl-C raises Cancelled: it stays in `running`, counted
+                        running.discard(f)
+            except (KeyboardInterrupt, cancel.Cancelled):
                 left = self._stop(running, summary)
                 raise RunInterrupted(summary, left) from None
             finally:
@@ -461,7 +465,7 @@ class Runner:
     def _stop(self, running: set[Future[None]], summary: RunSummary) -> int:
         """Ctrl-C: say so at once, stop the running samples' evaluations (agent.interrupts), keep the finished
         ones; returns how many sample threads are still running (in a model call)."""
-        busy = sum(1 for f in running if not f.done())
+        busy = interrupts.interrupted(running)
         if self.on_interrupt is not None:
             self.on_interrupt(busy)
         self.log.info("run_interrupted", running=busy, finished=len(summary.records), total=summary.total)

@@ -6,7 +6,7 @@
   pools, native builds): a killer only sends signals, so it is safe from any thread while the owner still
   holds the pool's pipes;
 - every wait of the harness (a pool's replies, a device lease) raises Cancelled at its next poll, at most
-  half a second later;
+  half a second later, and so does `sleep()` (the agent's pauses between a model's attempts) at once;
 - `evaluate()` never returns a result for an evaluation that was cancelled while it ran (a verdict read off
   killed ranks would be the harness's doing, not the candidate's): it raises Cancelled once its processes
   and folders are cleaned up.
@@ -23,7 +23,8 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["Cancelled", "check", "kill_all", "killable", "register", "request", "requested", "reset", "unregister"]
+__all__ = ["Cancelled", "check", "kill_all", "killable", "register", "request", "requested", "reset", "sleep",
+           "unregister"]
 
 Killer = Callable[[], None]
 
@@ -45,6 +46,13 @@ def check() -> None:
     """Raise Cancelled if the process was interrupted."""
     if _event.is_set():
         raise Cancelled("stopped: the process was interrupted")
+
+
+def sleep(seconds: float) -> None:
+    """time.sleep(seconds), cut short by request(): then Cancelled (a pause between attempts never holds up
+    Ctrl-C)."""
+    if _event.wait(max(0.0, seconds)):
+        check()
 
 
 def request() -> None:

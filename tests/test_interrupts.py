@@ -132,7 +132,7 @@ def test_the_runner_hands_out_samples_as_slots_free_up_and_stops_on_interrupt(
 
     monkeypatch.setattr(Runner, "run_sample", run_sample)
     steps = [("text", "no code here")]
-    with pytest.raises(RunInterrupted) as info:
+    with pytest.raises(RunInterrupted) as info, interrupts.terminate_as_interrupt():  # the CLI's signal handling
         run_samples(tmp_path, lambda: scripted(steps), conditions=["zero-shot"], samples=3)
     assert started == ["all_reduce/zero-shot/0", "all_reduce/zero-shot/1"]  # sample 2 never started
     summary = info.value.summary
@@ -141,6 +141,65 @@ def test_the_runner_hands_out_samples_as_slots_free_up_and_stops_on_interrupt(
     events = [json.loads(line)["event"] for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert "run_interrupted" in events and "run_stopped" in events
     assert signal.getsignal(signal.SIGINT) is interrupts._end_now  # a second Ctrl-C ends the process
+
+
+def test_the_first_signal_raises_nothing_and_only_requests_the_cancel(fresh_cancel: None) -> None:
+    """A KeyboardInterrupt raised into the main thread could land inside concurrent.futures.wait while it holds
+    a future's lock, and the stop would hang on that lock: the handler only sets harness.cancel."""
+    with interrupts.terminate_as_interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not cancel.requested() and time.monotonic() < deadline:  # the handler runs between bytecodes
+            time.sleep(0.01)
+        assert cancel.requested()
+    assert signal.getsignal(signal.SIGINT) is interrupts._end_now
+
+
+def test_a_pause_between_attempts_ends_on_interrupt(fresh_cancel: None) -> None:
+    """harness.cancel.sleep (the search's outage wait, a model's retry pauses): Ctrl-C ends it with Cancelled,
+    instead of leaving the slot asleep for minutes while the command waits to stop it."""
+    threading.Timer(0.2, cancel.request).start()
+    with pytest.raises(cancel.Cancelled):
+        cancel.sleep(600)
+    with pytest.raises(cancel.Cancelled):  # once requested, no pause starts
+        cancel.sleep(0)
+    cancel.reset()
+    cancel.sleep(0.01)  # without a request it is a plain sleep
+
+
+def test_ctrl_c_during_a_wait_of_the_main_thread_before_any_sample_is_the_resume_line(
+        tmp_path: Path, fresh_cancel: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while the main thread itself waits on the harness (setup, before the runner hands out a sample):
+    that wait raises Cancelled, and `pkb run` says how to resume with exit code 130, as for any Ctrl-C, never a
+    traceback."""
+    from agent.cli import run as cli_run
+    from agent.cli import run_session
+    from agent.runner import Runner
+
+    solutions = tmp_path / "solutions" / "all_reduce"
+    solutions.mkdir(parents=True)
+    (solutions / "s00.py").write_text(CORRECT.read_text())
+
+    def run(self: Runner) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C ...
+        while True:  # ... while a harness wait of the main thread polls harness.cancel
+            cancel.check()
+            time.sleep(0.01)
+
+    def leave(code: int = 130) -> None:  # the real one ends the process with os._exit
+        raise SystemExit(code)
+
+    monkeypatch.setattr(Runner, "run", run)
+    monkeypatch.setattr(run_session, "leave", leave)
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as info:
+        cli_run.main(["--model", f"replay:{solutions.parent}", "--runs-dir", str(runs), "--run-id", "early",
+                      "--no-timing"])
+    assert info.value.code == 130
+    err = capsys.readouterr().err
+    assert "interrupted before any sample began; continue with: pkb run --run-id early --resume --runs-dir" in err
+    assert "Traceback" not in err
 
 
 def test_a_ray_wait_cancels_its_task_on_interrupt(fresh_cancel: None) -> None:

@@ -142,7 +142,9 @@ def execute(args: argparse.Namespace) -> int:
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
         try:
             summary = run_with_progress(runner, resuming=args.resume)
-        except KeyboardInterrupt as err:  # RunInterrupted, or Ctrl-C before the first sample began
+        # RunInterrupted, or Ctrl-C before the first sample began (a Cancelled of a wait in the main thread
+        # arrives as KeyboardInterrupt too: agent.interrupts.terminate_as_interrupt)
+        except KeyboardInterrupt as err:
             interrupted = err
     finally:
         executor.close()  # also after Ctrl-C: a Ray instance started for this run is shut down

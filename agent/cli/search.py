@@ -322,7 +322,9 @@ def cmd_search(args: argparse.Namespace) -> int:
                 if stored is not None:
                     say_what_is_left(directory, config)
                 summary = search.run()
-        except KeyboardInterrupt as err:  # SearchInterrupted, or Ctrl-C before the search began
+        # SearchInterrupted, or Ctrl-C before the search began (a Cancelled of a wait in the main thread arrives
+        # as KeyboardInterrupt too: agent.interrupts.terminate_as_interrupt)
+        except KeyboardInterrupt as err:
             interrupted = err
     finally:
         executor.close()  # also after Ctrl-C: a Ray instance started for this search is shut down

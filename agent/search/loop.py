@@ -56,6 +56,7 @@ from agent.search.scoring import (
     unevaluated,
 )
 from agent.usage import PriceTable
+from harness import cancel
 from harness.problem import Problem
 
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
@@ -99,7 +100,7 @@ class Search:
                  bound: Callable[[Problem], dict[str, Any]] | None = None, prices: PriceTable | None = None,
                  model_factory: Callable[[int], Any] | None = None, topology: dict[str, Any] | None = None,
                  on_change: Callable[[Archive], None] | None = None, outage_wait_s: float = OUTAGE_WAIT_S,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = cancel.sleep) -> None:
         self.directory = directory
         self.config = config
         self.problems = {p.name: p for p in problems}
@@ -183,12 +184,12 @@ class Search:
             rows = archive.candidates()
             return SearchSummary(self.directory.path.name, reason, len(rows), sum(c.done for c in rows),
                                  list(self._errors))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, cancel.Cancelled):  # Ctrl-C: polled (agent.interrupts), or a plain interrupt
             archive.set_meta("stop_reason", stopping.INTERRUPTED)
             self._heartbeat()
             interrupted = True
             futures = [*in_flight.values(), *self._rescoring]
-            busy = sum(1 for f in futures if not f.done())
+            busy = interrupts.interrupted(futures)
             if self.on_interrupt is not None:
                 self.on_interrupt(busy)
             self.log.info("search_interrupted", running=busy)
@@ -218,14 +219,16 @@ class Search:
     def _drain(self, in_flight: dict[int, Future[None]], below: int | None) -> None:
         """Wait until no slot below `below` (None: no slot at all) is in flight."""
         while True:
+            cancel.check()  # Ctrl-C (agent.interrupts): polled, never raised into this thread
             waiting = [f for s, f in in_flight.items() if below is None or s < below]
             finished = [s for s, f in in_flight.items() if f.done()]
             for s in finished:
-                self._collect(s, in_flight.pop(s))
+                self._collect(s, in_flight[s])  # a slot stopped by Ctrl-C raises Cancelled: it stays, counted
+                del in_flight[s]
             if not [s for s in in_flight if below is None or s < below]:
                 return
             if waiting:
-                wait(waiting, timeout=30.0, return_when=FIRST_COMPLETED)
+                wait(waiting, timeout=interrupts.CANCEL_POLL_S, return_when=FIRST_COMPLETED)
 
     def _collect(self, slot: int, future: Future[None]) -> None:
         try:
@@ -259,6 +262,7 @@ class Search:
         for name in self.order:
             if name in known:
                 continue
+            cancel.check()  # Ctrl-C between problems' bounds (agent.interrupts polls, it raises nothing here)
             try:
                 record = self.bound_fn(self.problems[name])
                 bound_ms, binding = bound_of(record)
@@ -368,7 +372,7 @@ class Search:
                 if waited + pause > self.outage_wait_s or self._abort is not None:
                     raise
                 log.warning("provider_down", error=str(err), waited_s=waited, pause_s=pause)
-                self.sleep(pause)
+                self.sleep(pause)  # cancel.sleep: Ctrl-C ends the pause at once (Cancelled)
                 waited += pause
 
     def _record_proposal(self, slot: int, c: Candidate, proposal: Proposal) -> None:
@@ -412,6 +416,9 @@ class Search:
         futures = {name: pool.submit(self._rescore_problem, name, seeds) for name in self.order}
         self._rescoring = list(futures.values())  # what Ctrl-C has to stop
         for name, future in futures.items():
+            while not future.done():  # polled, so that Ctrl-C (agent.interrupts) is noticed while it runs
+                cancel.check()
+                wait([future], timeout=interrupts.CANCEL_POLL_S)
             try:
                 future.result()
             except Exception as err:
