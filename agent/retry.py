@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from langchain_core.runnables import Runnable
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from agent.providers import ProviderError
+from harness import cancel
 
 STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
 CONNECTION_ERRORS = (
@@ -49,14 +49,15 @@ def invoke_model(
     attempts: int = 5,
     initial_wait_s: float = 1.0,
     max_wait_s: float = 60.0,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = cancel.sleep,
     log: Any = None,
 ) -> AIMessage:
     """model.invoke(messages), retried up to `attempts` calls in all on 429, 5xx and connection errors.
 
     Waits grow exponentially from initial_wait_s (plus up to initial_wait_s of jitter), capped at
-    max_wait_s; a Retry-After header from the server lengthens a wait, within the same cap. `sleep` is
-    injectable for tests; `log` is a structlog logger (the run's, with its context bound) or None.
+    max_wait_s; a Retry-After header from the server lengthens a wait, within the same cap. `sleep` (by
+    default one that Ctrl-C ends at once, with harness.cancel.Cancelled) is injectable for tests; `log` is a
+    structlog logger (the run's, with its context bound) or None.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")

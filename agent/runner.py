@@ -32,7 +32,7 @@ from langchain_core.messages import AIMessage
 from pydantic import BaseModel, Field
 
 import prompts
-from agent import final_scoring, manifest, prompting
+from agent import final_scoring, interrupts, manifest, prompting
 from agent.budgets import Budget, Spent
 from agent.conditions import BASH, REPLAY, Condition, parse_condition
 from agent.context import DEFAULT_SHARE, ContextPolicy
@@ -73,7 +73,7 @@ from agent.scripted import ScriptedChatModel
 from agent.tool_calls import tool_context
 from agent.usage import PriceTable
 from agent.versions import versions
-from harness import failures, topology
+from harness import cancel, failures, topology
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
 from harness.environment import environment
@@ -84,6 +84,17 @@ from tools.bash import prepare as prepare_shell
 
 class RunError(ValueError):
     """A run that cannot start or go on as asked (exists, missing, different config); one line."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped the run: the running samples' evaluations were stopped, queued samples never
+    started, finished ones are on disk. `still_running`: sample threads left in a model call (the caller ends the
+    process without waiting for them)."""
+
+    def __init__(self, summary: RunSummary, still_running: int) -> None:
+        super().__init__(f"run {summary.run_id} interrupted: {len(summary.records)} of {summary.total} finished")
+        self.summary = summary
+        self.still_running = still_running
 
 
 class RunConfig(BaseModel):
@@ -351,6 +362,8 @@ class Runner:
         self.model_factory = model_factory or self._default_model_factory
         self.eval_config = eval_config or config.eval_config()
         self.on_sample = on_sample
+        # Called at once on Ctrl-C with the number of running samples, before they are stopped (the CLI says so).
+        self.on_interrupt: Callable[[int], None] | None = None
         self.topology = topology_record(config.device)
         self.conditions = config.parsed_conditions
         self.prompt_choice = config.prompt_choice
@@ -387,6 +400,10 @@ class Runner:
                 specs.extend(SampleSpec(problem, c, k) for c in self.conditions)
         return specs
 
+    def is_finished(self, spec: SampleSpec) -> bool:
+        record = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k).record()
+        return record is not None and record.get("status") == FINISHED
+
     # -- running ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         from langgraph.checkpoint.sqlite import SqliteSaver
@@ -400,6 +417,7 @@ class Runner:
         self._saver = SqliteSaver(conn, serde=RedactingSerializer())
         self._saver.setup()
         lock = threading.Lock()
+        left = 0  # sample threads still running after Ctrl-C
         try:
             pending: list[SampleSpec] = []
             for spec in specs:
@@ -439,22 +457,49 @@ class Runner:
                 if self.on_sample:
                     self.on_sample(record, False)
 
-            with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sample") as pool:
-                futures: set[Future[None]] = {pool.submit(one, spec) for spec in pending}
-                while futures:
-                    done, futures = wait(futures, return_when=FIRST_COMPLETED)
+            # Samples are handed to the pool as slots free up, never all at once: on Ctrl-C nothing is queued
+            # in the pool, and only the `concurrency` running ones have anything to stop.
+            pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sample")
+            queue = list(pending)
+            running: set[Future[None]] = set()
+            try:
+                while queue or running:
+                    if cancel.requested():  # Ctrl-C (agent.interrupts): polled, never raised into this loop
+                        raise KeyboardInterrupt
+                    while (queue and len(running) < self.concurrency and not self._abort.is_set()
+                           and not cancel.requested()):
+                        running.add(pool.submit(one, queue.pop(0)))
+                    if not running:
+                        break
+                    done, _ = wait(running, timeout=interrupts.CANCEL_POLL_S, return_when=FIRST_COMPLETED)
                     for f in done:
-                        f.result()
-                    if self._abort.is_set():
-                        for f in futures:
-                            f.cancel()
+                        f.result()  # a sample stopped by Ctrl-C raises Cancelled: it stays in `running`, counted
+                        running.discard(f)
+            except (KeyboardInterrupt, cancel.Cancelled):
+                left = self._stop(running, summary)
+                raise RunInterrupted(summary, left) from None
+            finally:
+                # after Ctrl-C, threads still in a model call are not waited for (the process ends)
+                pool.shutdown(wait=not left, cancel_futures=True)
             self.log.info("run_finished" if summary.fatal is None else "run_aborted", finished=len(summary.records),
                           total=summary.total, infra_errors=summary.infra_errors, interrupted=len(summary.interrupted),
                           errors=len(summary.errors), fatal=summary.fatal)
         finally:
-            conn.close()
+            if not left:  # a thread still in a model call may yet write a checkpoint; the process ends anyway
+                conn.close()
             handle.close()
         return summary
+
+    def _stop(self, running: set[Future[None]], summary: RunSummary) -> int:
+        """Ctrl-C: say so at once, stop the running samples' evaluations (agent.interrupts), keep the finished
+        ones; returns how many sample threads are still running (in a model call)."""
+        busy = interrupts.interrupted(running)
+        if self.on_interrupt is not None:
+            self.on_interrupt(busy)
+        self.log.info("run_interrupted", running=busy, finished=len(summary.records), total=summary.total)
+        left = interrupts.stop_work(running)
+        self.log.info("run_stopped", still_running=left, finished=len(summary.records), total=summary.total)
+        return left
 
     def run_sample(self, spec: SampleSpec) -> dict[str, Any]:
         """One sample, start to sample.json; resumes from its checkpoint where one exists."""

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from harness import cancel
 from harness.emulation import layout
+
+CANCEL_POLL_S = 0.5  # how often a wait for a lease looks whether the process was interrupted
 
 
 class SchedulerError(RuntimeError):
@@ -93,7 +96,8 @@ class DeviceScheduler:
     def lease(self) -> Iterator[Lease]:
         with self._lock:
             while not self._free:
-                self._lock.wait()
+                cancel.check()  # Ctrl-C: a sample waiting for devices never gets them
+                self._lock.wait(timeout=CANCEL_POLL_S)
             index = self._free.pop(0)
             self.in_use[index] = self.groups[index]
         lease = Lease(gpus=None if self.groups[index] is None else list(self.groups[index]), ranks=self.world_size)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import channel, failures
+from harness import cancel, channel, failures
 from harness.builds import may_build
 from harness.cache_dir import cache_root
 from harness.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
@@ -245,7 +245,13 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
                 watch = SandboxWatch(limits, proc.pid, [scratch, build], kill=lambda: _kill_group(proc.pid),
                                      cgroup=cgroup).start()
             try:
-                out = read_bounded(proc, timeout)
+                with cancel.killable(lambda: _signal_build(proc.pid)):  # Ctrl-C ends the build at once
+                    out = read_bounded(proc, timeout)
+                if cancel.requested():  # killed by Ctrl-C: no verdict, and nothing of the build left behind
+                    channel.kill_session(proc.pid)
+                    channel.kill_orphaned_builds(build)
+                    channel.remove_build_locks(build, started_wall)
+                    cancel.check()
                 if out.timed_out or out.over_cap:
                     cleanup = stop_build(proc, build, started_wall)
                     why = (f"did not finish within {timeout:.0f} s" if out.timed_out else
@@ -384,6 +390,15 @@ def keep_lazy_builds(copy: Folder, entry: Path | None) -> list[str]:
         except HostileFile:
             continue
     return added
+
+
+def _signal_build(pid: int) -> None:
+    """SIGKILL of a build's session (sandboxed: bwrap, and so its namespace): signals only."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    channel.kill_session(pid)
 
 
 def stop_build(proc: subprocess.Popen[bytes], folder: Path, since: float) -> dict[str, Any]:

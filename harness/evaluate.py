@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness import failures, hostile_files, integrity, reference_cache, requirements
+from harness import cancel, failures, hostile_files, integrity, reference_cache, requirements
 from harness.candidate import required_positional
 from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
@@ -147,6 +147,7 @@ class _Evaluation:
         self.seed = 0  # the run's seed mixed with the salt: only trusted processes ever hold it
         self.plan: timing.Plan | None = None
         self._timed_judged = 0  # judged calls of the timing phase so far
+        self.abandoned = False  # stopped from outside (Ctrl-C, a cancelled task): its pools are killed, not closed
 
     # -- the record ---------------------------------------------------------------------------
     def result(self) -> EvalResult:
@@ -310,11 +311,20 @@ class _Evaluation:
         if sets is not None:
             started = time.perf_counter()
             key = reference_key(self.problem, self.shape, self.world_size, self.device, self.config)
-            ref_stats = reference_cache.lookup(key) if self.config.use_reference_cache else None
+            cv_max = self.checks.reference_cv_max
+            ref_stats = reference_cache.lookup(key, cv_max) if self.config.use_reference_cache else None
             if ref_stats is None:
                 assert self.plan is not None
-                ref_stats = self.reference.time(self.config.timing, seed, self.plan)
-                reference_cache.store(key, ref_stats)
+                reference, plan = self.reference, self.plan
+                ref_stats, record = reference_cache.time_until_stable(
+                    lambda: reference.time(self.config.timing, seed, plan), cv_max, self.checks.reference_attempts)
+                record["cached"] = record["stable"]  # an unstable timing is used here, never reused
+                if record["stable"]:
+                    reference_cache.store(key, ref_stats)
+            else:
+                record = {"cv": ref_stats.cv, "cv_max": cv_max, "stable": True, "attempts": 0, "from_cache": True,
+                          "cached": True}
+            self.evidence["reference_timing"] = record
             self.stages["timing_reference"] = time.perf_counter() - started
         self.reference.close()
         return ref_stats
@@ -604,11 +614,11 @@ class _Evaluation:
             if self.reference is not None:
                 self.reference.kill()
             if self.pool is not None:
-                if self.failure is None:
+                if self.failure is None and not self.abandoned:
                     self.pool.close()
                 else:
                     self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
-            if self.ext_files is not None and self.failure is None:
+            if self.ext_files is not None and self.failure is None and not self.abandoned:
                 added = keep_lazy_builds(self.ext_files, self.ext_entry)
                 if added:
                     self.evidence["lazy_builds_kept"] = added
@@ -640,6 +650,7 @@ def evaluate(
     """Run the whole protocol; `gpus` picks the physical GPUs (one per rank) on a multi-GPU node.
     The integrity checks are the device's defaults with `config.integrity`'s settings on top;
     `integrity_config`, where given, replaces `config.integrity`."""
+    cancel.check()  # the process was interrupted: nothing new starts
     config = config or EvalConfig(timing=TimingConfig.for_device(device))
     checks = IntegrityConfig.coerce(
         integrity_config if integrity_config is not None else config.integrity.overrides(), device)
@@ -697,6 +708,9 @@ def evaluate(
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=str(err)[:1500], phase=phase, infra_cause="sandbox")
     except Exception as exc:  # noqa: BLE001 - every evaluation ends with a verdict
         ev.failure = unexpected_failure(exc, phase)
+    except BaseException:  # Ctrl-C, harness.cancel, a Ray task cancelled: no polite wait for busy ranks
+        ev.abandoned = True
+        raise
     finally:
         if ev.reference is not None and ev.reference.cost:
             # What the reference's first call cost and the limits derived from it (harness.judge.reference).
@@ -705,6 +719,8 @@ def evaluate(
             ev.cleanup()
         except Exception as exc:  # noqa: BLE001 - a verdict already taken stays; the record says what failed
             ev.evidence["cleanup_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        # Stopped by Ctrl-C midway: whatever the killed ranks said is no verdict on the candidate.
+        cancel.check()
     if ev.failure is None and ev.timings is not None:
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
         # processes of its own, never beside a candidate.
@@ -717,6 +733,7 @@ def evaluate(
             ev.evidence["roofline_bound_ms"] = bound
             if ev.timings.candidate.median_ms < checks.impossible_slack * bound:
                 ev.flags.append(integrity.IMPOSSIBLE)
+        cancel.check()  # the bound's trace may have been the wait that Ctrl-C cut short
     return ev.result()
 
 

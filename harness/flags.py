@@ -1,7 +1,7 @@
 """Names of the integrity flags a result can carry, and which of them keep a speedup from counting.
 
 Plain strings, no torch: metrics and reports read them from sample records; harness.integrity (which
-sets them) re-exports them.
+sets them) re-exports them. Also the caveat shown beside CPU speedups (timing_note).
 """
 
 from collections.abc import Mapping
@@ -45,3 +45,13 @@ def is_emulated(record: Any) -> bool:
     if isinstance(record, Mapping):
         return bool(record.get("emulated")) or EMULATED in (record.get("flags") or ())
     return bool(getattr(record, "emulated", False)) or EMULATED in (getattr(record, "flags", None) or ())
+
+
+# What a CPU timing is worth, said wherever a CPU speedup is shown (pkb eval, the run report, the search's
+# terminal table, live page and report): gloo over a CPU's memory, not NVLink.
+CPU_TIMING_NOTE = "CPU timings only prove the plumbing: a CPU speedup says nothing about a GPU kernel"
+
+
+def timing_note(device: str | None) -> str | None:
+    """The caveat to show beside speedups measured on `device`; None where they mean what they say."""
+    return CPU_TIMING_NOTE if device == "cpu" else None

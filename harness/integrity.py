@@ -119,13 +119,21 @@ class IntegrityConfig:
                                               "rank, the inputs the harness copies in included", ge=64 << 20)
     rank_scratch_files: int = _knob(50_000, "files and folders the sandbox's scratch and extension folders may "
                                             "hold per rank", ge=100)
+    # A reference timing is a denominator every later evaluation of the problem reuses: one taken while the
+    # machine was busy (a CV of 116% on a loaded 2-core CPU, 2026-12-01; the same candidate then read 5.45x
+    # against it and 0.88x against a fresh one) must not be cached. CPU timings only prove the plumbing and
+    # scatter widely; CUDA events of a collective that holds still stay within a few percent.
+    reference_cv_max: float = _knob(0.5, "a reference timing is cached only when its CV is at most this; above "
+                                         "it the reference is timed again", gt=0)
+    reference_attempts: int = _knob(3, "timings of the reference at most, until one is stable (the steadiest is "
+                                       "used, and cached only if stable)", ge=1)
 
     @classmethod
     def for_device(cls, device: str) -> IntegrityConfig:
         if device == "cuda":
             # busy: ~1 ms of short low-priority blocks around a checked call (fill + multiply, 4 TB/s).
             return cls(stress_delay_s=0.002, jitter_s=0.0002, lazy_delay_s=0.01, caching_margin_ms=0.005,
-                       busy_bytes=1 << 30, unexplained_margin_ms=0.03)
+                       busy_bytes=1 << 30, unexplained_margin_ms=0.03, reference_cv_max=0.1)
         return cls()
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeGuard, cast
 
-from harness import channel, failures, hostile_files
+from harness import cancel, channel, failures, hostile_files
 from harness.cache_dir import cache_root
 from harness.emulation import layout
 from harness.redaction import redact_bytes
@@ -291,6 +291,7 @@ class RankPool:
         self._buffers: dict[int, bytearray] = {}
         self._process_check_at = 0.0
         self._started_at = 0.0
+        self._killer: int | None = None  # harness.cancel's key for this pool's processes
 
     @property
     def sandboxed(self) -> bool:
@@ -362,6 +363,9 @@ class RankPool:
                                        cgroup=self._cgroup, names=self._rank_name).start()
         for fd in child_fds:
             os.close(fd)
+        # Ctrl-C of the command ends this pool's processes from the main thread at once; this thread then
+        # sees the pipes close (or its next poll) and cleans up with kill().
+        self._killer = cancel.register(self._signal_processes)
         return self
 
     @property
@@ -431,6 +435,19 @@ class RankPool:
         out["memory"] = self._cgroup.record() if self._cgroup is not None else {"backend": "watchdog"}
         return out
 
+    def _signal_processes(self) -> None:
+        """SIGKILL of the pool's session and of whatever carries its marker: signals only, no pipe or folder is
+        touched, so any thread may call it while the pool's owner is inside a request."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # sandboxed: bwrap's init, and so the namespace, dies with it
+        except (ProcessLookupError, PermissionError):
+            pass
+        channel.kill_session(proc.pid)
+        channel.kill_marked(self._marker)
+
     def _placement(self) -> tuple[str | None, list[int]]:
         """(CUDA_VISIBLE_DEVICES for the pool, each rank's device index under it). Physical GPUs one per
         rank (`gpus`, which may repeat when ranks share GPUs), or the visible ones in order."""
@@ -453,6 +470,9 @@ class RankPool:
     def wait_ready(self) -> RankPool:
         try:
             replies = self._collect(self.start_timeout, grace=5.0)
+        except cancel.Cancelled:
+            self.kill()  # a pool entered with `with` has no __exit__ when its start fails
+            raise
         except Hang as hang:
             self.kill()
             raise PoolError(f"rank processes did not start: {hang}; {self._log_tails(hang.missing)}") from hang
@@ -496,6 +516,9 @@ class RankPool:
             self._keys = keys
             self._buffers = {r.rank: bytearray() for r in self.ranks}
             replies = self._collect(self.start_timeout, grace=5.0)
+        except cancel.Cancelled:
+            self.kill()
+            raise
         except (Hang, OSError) as err:
             self.kill()
             raise PoolError(f"rank processes did not take their reply keys: {err}") from err
@@ -524,7 +547,10 @@ class RankPool:
         return [r.host_pid for r in self.ranks if r.host_pid is not None]
 
     def close(self, timeout: float = 10.0) -> None:
-        """Ask every rank to exit; kill whatever has not exited by the deadline."""
+        """Ask every rank to exit; kill whatever has not exited by the deadline (at once after Ctrl-C)."""
+        if cancel.requested():
+            self.kill()
+            return
         for r in self.ranks:
             try:
                 r.requests.send({"op": "exit"})
@@ -545,6 +571,9 @@ class RankPool:
         process carrying the pool's marker (what called setsid)."""
         if self._watch is not None:
             self._watch.stop()
+        if self._killer is not None:
+            cancel.unregister(self._killer)
+            self._killer = None
         proc = self.proc
         if proc is not None:
             init = _sandbox_init(proc.pid) if self.sandboxed else None
@@ -654,6 +683,7 @@ class RankPool:
             for r in self.ranks:  # a frame already buffered (extra bytes from an earlier read) comes first
                 take(r, self._parse(r))
         while len(replies) < self.world_size:
+            cancel.check()  # Ctrl-C: the pool is being killed; its caller's cleanup ends it for good
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(self.world_size)) - set(replies))

@@ -22,7 +22,7 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +89,10 @@ def _read(path: Path) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def lookup(key: str) -> TimingStats | None:
-    """The cached stats, or None when absent, malformed, not signed by this cache's key, or the cache cannot
-    be read at all. Never raises: a planted cache must not stop an honest evaluation."""
+def lookup(key: str, cv_max: float | None = None) -> TimingStats | None:
+    """The cached stats, or None when absent, malformed, not signed by this cache's key, (with `cv_max`) less
+    stable than that (an entry cached before stability was required is timed again), or the cache cannot be
+    read at all. Never raises: a planted cache must not stop an honest evaluation."""
     entry = _read(cache_file()).get(key)
     if not isinstance(entry, dict) or not isinstance(entry.get("stats"), dict):
         return None
@@ -101,7 +102,29 @@ def lookup(key: str) -> TimingStats | None:
         stats = TimingStats.model_validate(entry["stats"])
     except (OSError, ValueError, TypeError):
         return None
+    if cv_max is not None and not stable(stats, cv_max):
+        return None
     return stats.model_copy(update={"cached": True})
+
+
+def stable(stats: TimingStats, cv_max: float) -> bool:
+    """Whether a timing holds still enough to be reused: its coefficient of variation at most `cv_max`."""
+    return stats.cv <= cv_max
+
+
+def time_until_stable(measure: Callable[[], TimingStats], cv_max: float,
+                      attempts: int) -> tuple[TimingStats, dict[str, Any]]:
+    """Time with `measure` until a timing is stable, at most `attempts` times; the steadiest timing (lowest CV)
+    and the record of what happened (every attempt's CV; whether the one used is stable, the condition for
+    caching it)."""
+    timings: list[TimingStats] = []
+    for _ in range(max(1, attempts)):
+        timings.append(measure())
+        if stable(timings[-1], cv_max):
+            break
+    best = min(timings, key=lambda t: t.cv)
+    return best, {"cv": best.cv, "cv_max": cv_max, "stable": stable(best, cv_max), "attempts": len(timings),
+                  "attempt_cvs": [round(t.cv, 4) for t in timings], "from_cache": False}
 
 
 @contextlib.contextmanager

@@ -1,19 +1,77 @@
+"""What every test shares. Before any test module is imported, the session gets a cache of its own
+(PKB_CACHE_DIR, inherited by every process a test starts), so no test reads or writes the user's
+~/.cache/pkb-agent: a reference timing, a build or a poisoned entry of one test never reaches the user, nor,
+through the user's cache, another run. An audit hook fails any write into the user's cache by this process
+at once (and the session at its end, should the error have been swallowed)."""
+
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 CANDIDATES = Path(__file__).parent / "candidates"
 
+# The user's cache, as harness.cache_dir finds it without PKB_CACHE_DIR; the session's own, set before any test
+# module (or the harness) is imported. A PKB_CACHE_DIR the user exported is overridden too: it may be that one.
+USER_CACHE = Path.home() / ".cache" / "pkb-agent"
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="pkb-test-cache-"))
+os.environ["PKB_CACHE_DIR"] = str(SESSION_CACHE)
+
+# Audit events that change the file system, and which of their arguments are paths written.
+_WRITES = {"os.mkdir": (0,), "os.rename": (0, 1), "os.remove": (0,), "os.rmdir": (0,), "os.link": (1,),
+           "os.symlink": (1,), "shutil.rmtree": (0,), "shutil.copytree": (1,), "shutil.move": (1,),
+           "os.truncate": (0,), "os.chmod": (0,), "os.utime": (0,)}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+_violations: list[str] = []
+
+
+def _in_user_cache(path: Any) -> bool:
+    try:
+        text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else ""
+    except (TypeError, ValueError):
+        return False
+    if not text:
+        return False
+    full = os.path.abspath(text)
+    return full == str(USER_CACHE) or full.startswith(str(USER_CACHE) + os.sep)
+
+
+def _guard_user_cache(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open":
+        path, mode, flags = (args + (None, None, None))[:3]
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & _WRITE_FLAGS)
+        targets = [path] if writing else []
+    elif event in _WRITES:
+        targets = [args[i] for i in _WRITES[event] if i < len(args)]
+    else:
+        return
+    for path in targets:
+        if _in_user_cache(path):
+            message = f"a test wrote into the user's cache {USER_CACHE}: {event} {os.fsdecode(path)}"
+            _violations.append(message)
+            raise RuntimeError(message)
+
+
+sys.addaudithook(_guard_user_cache)
+
 
 @pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # Reference timings and builds go to a throwaway cache, never the user's.
-    os.environ["PKB_CACHE_DIR"] = str(tmp_path_factory.mktemp("pkb-cache"))
+def _user_cache_untouched() -> Any:
+    yield
+    assert not _violations, "\n".join(_violations)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="session")

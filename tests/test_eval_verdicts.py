@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import fields
@@ -141,6 +142,11 @@ def test_cli_eval_json_and_exit_codes(tmp_path, capsys):
 
 def test_cli_eval_reuses_the_reference_timing_unless_asked_for_a_fresh_one(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache of this test's own
+    # Reuse is under test, not steadiness (tests/test_reference_cache.py): any timing counts as steady here, or a
+    # loaded machine would keep the reference out of the cache.
+    defaults = IntegrityConfig.for_device
+    monkeypatch.setattr(IntegrityConfig, "for_device", classmethod(
+        lambda cls, device: dataclasses.replace(defaults(device), reference_cv_max=1e9)))
     args = ["eval", "--problem", "all_reduce", "--solution", str(CANDIDATES / "correct_all_gather_sum.py"),
             "--trials", "2", "--json"]
     cached = []

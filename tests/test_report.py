@@ -239,11 +239,13 @@ def test_report_of_a_real_run_markdown_and_json(real_run: Path, tmp_path: Path, 
     assert zero["failures"]["nvcc/syntax"] == 2 and agent["failures"]["correct"] == 2
     assert sorted(agent["speedups"]) == pytest.approx(speedups)
     assert agent["speedups_not_counted"]["samples"] == uncounted
+    cpu, *notes = data["notes"]
+    assert cpu.startswith("run real ran on CPU: CPU timings only prove the plumbing"), cpu
     if uncounted:  # said, with the flags, rather than leaving an empty fast_p curve unexplained
-        (note,) = data["notes"]
+        (note,) = notes
         assert note.startswith(f"agent:compile: the speedups of {uncounted} correct sample(s) do not count"), note
     else:
-        assert data["notes"] == []
+        assert notes == []
     assert agent["fast_1_at_k"]["mean"] == float(any(v > 1.0 for v in speedups))
     curve = {p: v for p, v in agent["fast_p_curve"]}
     assert curve[0.0] == float(bool(speedups)) and curve[3.0] == float(any(v > 3.0 for v in speedups))
@@ -260,9 +262,12 @@ def test_report_of_a_real_run_markdown_and_json(real_run: Path, tmp_path: Path, 
     text = out.read_text()
     rows = {row[0]: row for row in md_rows(text, "| condition | problems | samples | pass@1 | pass@2 |")}
     assert list(rows) == list(REAL_CONDITIONS)
-    assert rows["zero-shot"][1:5] == ["1", "2/2", "0.00 [0.00, 0.00]", "0.00 [0.00, 0.00]"]
-    assert rows["agent:compile"][1:5] == ["1", "2/2", "1.00 [1.00, 1.00]", "1.00 [1.00, 1.00]"]
-    assert rows["agent:compile"][7] == (f"{np.exp(np.mean(np.log(speedups))):.2f}x" if speedups else "—")  # geomean
+    one = "(one problem: no interval)"  # not [0.00, 0.00]: a bootstrap over one problem resamples nothing
+    assert rows["zero-shot"][1:5] == ["1", "2/2", f"0.00 {one}", f"0.00 {one}"]
+    assert rows["agent:compile"][1:5] == ["1", "2/2", f"1.00 {one}", f"1.00 {one}"]
+    assert rows["agent:compile"][7] == (f"{np.exp(np.mean(np.log(speedups))):.2f}x (CPU: plumbing)" if speedups
+                                        else "—")  # geomean, labelled as what a CPU speedup is
+    assert "ran on CPU: CPU timings only prove the plumbing" in text
     assert [rows[c][8:10] for c in REAL_CONDITIONS] == [["n/a", "240"], ["n/a", "480"]]  # cost, tokens
     assert "$0.00" not in text and "n/a (cpu)" in rows["agent:compile"][11]  # no GPU seconds on a CPU run
     assert "![fast_p curve](real_figures/fast_p.png)" in text
@@ -336,8 +341,11 @@ def test_report_of_a_real_run_renders_in_headless_chromium(real_run: Path, tmp_p
     assert not _console_errors(dom.stderr), _console_errors(dom.stderr)
     rows = html_rows(dom.stdout, "headline-table")
     assert [r[0] for r in rows] == list(REAL_CONDITIONS)
-    assert rows[0][2:5] == ["2/2", "0.00 [0.00, 0.00]", "0.00 [0.00, 0.00]"]
-    assert rows[1][2:5] == ["2/2", "1.00 [1.00, 1.00]", "1.00 [1.00, 1.00]"]
+    one = "(one problem: no interval)"
+    assert rows[0][2:5] == ["2/2", f"0.00 {one}", f"0.00 {one}"]
+    assert rows[1][2:5] == ["2/2", f"1.00 {one}", f"1.00 {one}"]
+    runs = html_rows(dom.stdout, "runs-table")
+    assert runs[0][3:5] == ["4/4", "2"]  # the header agrees with the headline: 2/2 + 2/2 samples, 2 per problem
     assert rows[0][8] == rows[1][8] == "n/a"  # cost
     assert "cost n/a" in dom.stdout and "$0.0000" not in dom.stdout  # every sample's line, too
     assert re.search(r'<img[^>]+id="fast_p-plot"[^>]+src="data:image/png;base64,', dom.stdout)
@@ -357,3 +365,15 @@ def test_report_of_a_real_run_renders_in_headless_chromium(real_run: Path, tmp_p
     # above it, the tables are drawn: the runs table, the headline table, the comparison and the compact table's
     # two (arms, comparisons), each with its header row in the CSS's header colour
     assert header_bands(screen[:where[0]]) == 5
+
+
+def test_k_1_shows_pass_at_1_once_and_one_problem_has_no_interval(run_dir: Path):
+    from agent.report.paper import comparison_rows
+    from agent.report.rows import fmt_interval, headline_rows
+
+    rep = build([read_run(run_dir)], k=1)
+    head, _ = headline_rows(rep)
+    assert head.count("pass@1") == 1 and "fast_1@1" in head  # pass@k is pass@1 at k = 1: shown once
+    assert [h for h in comparison_rows(rep)[0] if h.startswith("Δ pass@")] == ["Δ pass@1"]
+    assert fmt_interval({"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}) == "0.50 (one problem: no interval)"
+    assert fmt_interval({"mean": 0.5, "low": 0.25, "high": 0.75, "n": 3}) == "0.50 [0.25, 0.75]"

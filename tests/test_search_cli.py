@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,10 @@ def test_search_then_resume_then_report(tmp_path: Path, capsys: pytest.CaptureFi
     run = tmp_path / "runs" / "s"
     assert (run / "search.json").is_file() and (run / "live.html").is_file()
     assert json.loads((run / "search.json").read_text())["config"]["strategy"]["name"] == "best_first"
+    capsys.readouterr()
     assert search(tmp_path, "--run-id", "s", "--resume", *FAKE) == 0  # nothing left to do: still fine
+    assert "pkb: search s: every problem has stopped (12 candidates evaluated); nothing left to search" in \
+        capsys.readouterr().err
     with Archive(run / "archive.sqlite") as a:
         assert len(a.candidates()) == 12 and len(a.sessions()) == 2
     assert main(["report", str(run), "--out", str(tmp_path / "r.md")]) == 0
@@ -99,3 +103,29 @@ def test_a_search_on_cpu_with_the_real_harness(tmp_path: Path) -> None:
     assert live_children() == []  # no rank outlives its evaluation
     leftovers = (set(os.listdir("/dev/shm")) - shm_before) if os.path.isdir("/dev/shm") else set()
     assert not {n for n in leftovers if n.startswith("pkb-cpu-symm-")}
+
+
+def test_the_best_the_search_prints_is_the_one_its_report_and_live_page_show(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function (agent.search.summary.headline_best) names a problem's best for the terminal, live.html and
+    the report: before, the terminal's "best (search)" said 9.11x where the report said 6.91x."""
+    monkeypatch.setenv("COLUMNS", "200")  # a wide table: each row on one line, to read its cells back
+    assert search(tmp_path, "--model", "scripted:mutator", "--problems", "all_reduce", "all_gather",
+                  "--budget-candidates", "16", "--rescore-candidates", "2", "--run-id", "b", *FAKE) == 0
+    printed = capsys.readouterr().out
+    run = tmp_path / "runs" / "b"
+    assert main(["report", str(run), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    live = (run / "live.html").read_text()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.md")]) == 0
+    markdown = (tmp_path / "r.md").read_text()
+    for problem in report["problems"]:
+        best = problem["best"]
+        assert best is not None and best["confirmed"]  # re-scored at the end of the search
+        row = next(line for line in printed.splitlines() if f" {problem['problem']} " in line)
+        cells = re.split(r"\s{2,}", row.strip())  # a piped table: columns apart by runs of spaces
+        assert best["text"] in cells, (best["text"], cells)
+        assert f"<td>{best['text']}</td>" in live
+        assert f"| {problem['problem']} | {best['text']} |" in markdown
+        assert best["speedup"] == best["rescored_speedup"]  # the figure shown is the re-scored median
+    assert "CPU timings only prove the plumbing" in printed and "CPU timings only prove the plumbing" in live

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from agent.cli.common import CliError
+from agent.cli.common import CliError, Parser
 
 # The registration point: agent/cli/<name>.py for each name, listed by `pkb --help` in this order.
 COMMANDS = ("problems", "eval", "run", "sweep", "search", "report", "rescore", "export", "topology", "roofline",
@@ -58,7 +58,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pkb",
         description="pkb-agent: language models writing multi-GPU kernels, scored by a strict harness.",
     )

@@ -14,7 +14,7 @@ from agent.cli.common import CliError, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
 from agent.rundir import write_text_atomic
 from harness.emulation import layout
-from harness.flags import is_emulated
+from harness.flags import is_emulated, timing_note
 
 if TYPE_CHECKING:
     from harness.results import EvalResult
@@ -22,21 +22,23 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="evaluate a candidate solution file on one problem")
-    p.add_argument("--problem", required=True, help="problem name (or PKB id with --source pkb:PATH)")
+    p.add_argument("--problem", required=True, help="problem name, or PKB id with --source pkb:PATH (required)")
     add_source_argument(p)
-    p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs) (required)")
+    p.add_argument("--world-size", type=int, default=2, help="ranks (processes; on cuda one GPU each)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (gloo: proves the plumbing) or cuda (timings that mean something)")
     emulation.add_argument(p)
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--trials", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=int, default=5, help="correctness trials (at least 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs (mixed with a secret per evaluation)")
     p.add_argument("--no-timing", action="store_true", help="check correctness only")
     p.add_argument("--fresh-reference", action="store_true",
                    help="time the reference again instead of reusing its cached timing (~/.cache/pkb-agent)")
-    p.add_argument("--check-timeout", type=float, default=None, help="seconds the correctness phase may take")
+    p.add_argument("--check-timeout", type=float, default=None, help="seconds the correctness phase may take "
+                   "(default: the harness's check limit, longer for a slow reference)")
     p.add_argument("--json", action="store_true", help="print the result record as JSON")
-    p.add_argument("--out", default=None, help="also write the result JSON to this file")
+    p.add_argument("--out", default=None, help="also write the result JSON to this file (default: not written)")
     p.set_defaults(handler=cmd_eval)
 
 
@@ -118,8 +120,25 @@ def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
             table.add_row(name + (" (cached)" if t.cached else ""), f"{t.median_ms:.4f}", f"{t.p10_ms:.4f}",
                           f"{t.p90_ms:.4f}", f"{t.cv:.1%}", f"{t.host_median_ms:.4f}", str(t.iterations))
         console.print(table)
+        reference = result.integrity.get("reference_timing") or {}
+        if reference and not reference.get("stable", True):
+            console.print(plain(f"reference timing unsteady: CV {reference['cv']:.0%} after {reference['attempts']} "
+                                f"timing(s), above {reference['cv_max']:.0%}: used here, not cached"))
         if emulated:
             console.print(f"time ratio (emulated, not a speedup): {result.speedup:.3f}x")
         else:
-            console.print(f"speedup: {result.speedup:.3f}x")
+            note = timing_note(result.device)
+            console.print(plain(f"speedup: {result.speedup:.3f}x" + (f" ({note})" if note else "")))
     console.print("stages: " + ", ".join(f"{escape(k)} {v:.2f}s" for k, v in result.stages.items()))
+    console.print(plain(f"sandbox: {sandbox_line(result.integrity.get('sandbox'))}"))
+
+
+def sandbox_line(record: object) -> str:
+    """What the result's integrity.sandbox says the candidate ran in, in a few words."""
+    if not isinstance(record, dict):
+        return "not recorded (the evaluation stopped before its ranks started)"
+    if record.get("backend") == "bwrap":
+        return f"{record.get('version') or 'bubblewrap'} (own PID, user and network namespaces, read-only " \
+            "filesystem, writable scratch only)"
+    why = record.get("weaker_fallback") or "no reason recorded"
+    return f"none: the ranks ran as your user ({why})"

@@ -16,19 +16,19 @@ if TYPE_CHECKING:
 
 
 def add_source_argument(p: argparse.ArgumentParser, help: str = "pkb:PATH to use a ParallelKernelBench checkout"
-                        ) -> None:
+                        " (default: this suite)") -> None:
     """`--source`: this suite (default) or a ParallelKernelBench checkout (agent.cli.source reads it)."""
     p.add_argument("--source", default=None, help=help)
 
 
 def add_target_arguments(p: argparse.ArgumentParser, solution_help: str) -> None:
     """What `pkb roofline` and `pkb profile` look at: a problem, optionally a candidate, where and how big."""
-    p.add_argument("--problem", required=True, help="problem name")
-    p.add_argument("--solution", default=None, help=solution_help)
+    p.add_argument("--problem", required=True, help="problem name (required)")
+    p.add_argument("--solution", default=None, help=solution_help + " (default: the reference alone)")
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=2, help="ranks (processes; on cuda one GPU each)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the ranks run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs")
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,17 +30,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_list)
 
     p = psub.add_parser("show", help="a problem's spec, shapes and reference source")
-    p.add_argument("name")
+    p.add_argument("name", help="the problem's name (or PKB id with --source pkb:PATH)")
     add_source_argument(p)
     p.set_defaults(handler=cmd_show)
 
     p = psub.add_parser("validate", help="distributed reference vs single-process oracle under gloo")
     p.add_argument("selection", nargs="*", help="names, globs (all_*), categories; default: all")
     p.add_argument("--world-size", default="2,4", help="comma-separated world sizes (default 2,4)")
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shape", default="small")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--trials", type=int, default=3, help="trials (input draws) per problem and world size")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    p.add_argument("--shape", default="small", help="shape name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     add_source_argument(p)
     p.set_defaults(handler=cmd_validate)
 
@@ -91,8 +91,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     for name in p.held_out:  # scored at the end only; listed for people, never shown to a model
         shapes.add_row(plain(f"held-out:{name}"), plain(", ".join(f"{k}={v}" for k, v in p.held_out[name].items())))
     console.print(shapes)
-    # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
-    console.print(Syntax(p.path.read_text(), "python", line_numbers=False, word_wrap=True))
+    source = p.path.read_text()
+    if console.is_terminal:  # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
+        console.print(Syntax(source, "python", line_numbers=False, word_wrap=True))
+    else:  # a pipe or a file gets the file as it is (Syntax pads every line to the console's width)
+        console.print(plain(source.rstrip("\n")))
     return 0
 
 

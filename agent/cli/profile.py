@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                        "and, on GPUs, Nsight Compute metrics of one rank")
     add_target_arguments(p, "candidate file (default: profile the reference)")
     p.add_argument("--iters", type=int, default=5, help="profiled calls per rank")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3, help="calls per rank before the profiled ones")
     p.add_argument("--ncu", action=argparse.BooleanOptionalAction, default=None,
                    help="Nsight Compute metrics of one rank (default: on with --device cuda)")
     p.add_argument("--ncu-rank", type=int, default=0, help="the rank run under ncu (the others run free)")
@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ncu-metrics", default=",".join(nsight.DEFAULT_SETS),
                    help=f"metric sets ({', '.join(nsight.METRIC_SETS)}) or metric names, comma-separated; "
                         "one ncu run per set")
-    p.add_argument("--ncu-replay", choices=("kernel", "application"), default="kernel")
+    p.add_argument("--ncu-replay", choices=("kernel", "application"), default="kernel",
+                   help="ncu's replay mode: each kernel on its own, or the whole application")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the profile as JSON")
     out.add_argument("--text", action="store_true", help="print the short text a model gets (<= 600 tokens)")

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--format", choices=("md", "html", "json", "tex"), default=None,
                    help="output format (default: from --out's suffix, else md); tex: the compact comparison table "
                         "as LaTeX")
-    p.add_argument("--out", default=None, help="write here instead of stdout (md: figures go to <stem>_figures/)")
+    p.add_argument("--out", default=None, help="write here instead of stdout (md: figures go to <stem>_figures/; "
+                   "default: stdout)")
     p.add_argument("--k", type=int, default=None, help="k of pass@k and fast_p@k (default: samples per problem)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals and permutation tests")
     p.add_argument("--baseline", default=None,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from agent.budgets import Budget
 from agent.cli import emulation, sandbox_gate
-from agent.cli.common import CliError
+from agent.cli.common import CliError, Parser
 from agent.cli.options import add_executor_arguments, add_source_argument
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json")
+    p.add_argument("--model", help="openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json (required, "
+                   "but with --resume)")
     p.add_argument("--condition", action="append", default=None,
                    help="zero-shot, agent, agent:<tool>+<tool>, bash (comma-separated or repeated; default zero-shot)")
     p.add_argument("--prompt", default=None,
@@ -47,10 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bash condition: seconds one shell command may run (default 120; PKB's agent: 900)")
     p.add_argument("--pkb-hardware", default=None, choices=("h100_8", "b200_72", "none"),
                    help="with --prompt pkb: PKB's hardware profile (default h100_8, as its published sets)")
-    p.add_argument("--tools", default=None, help="tools of a plain `agent` condition, comma-separated")
+    p.add_argument("--tools", default=None, help="tools of a plain `agent` condition, comma-separated (default: "
+                   "all tools)")
     p.add_argument("--problems", nargs="+", default=None,
                    help="names, globs, categories (default: all; replay: the problems the directory solves)")
-    add_source_argument(p, help="pkb:PATH to run a ParallelKernelBench checkout's problems")
+    add_source_argument(p, help="pkb:PATH to run a ParallelKernelBench checkout's problems (default: this suite)")
     p.add_argument("--samples", type=int, default=None,
                    help="samples per problem and condition (default 1; replay: every file, at most this many)")
     p.add_argument("--run-id", default=None, help="the run's folder name under --runs-dir (default: time + model)")
@@ -60,28 +62,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=None, help="ranks (default 2)")
     emulation.add_argument(p, default=None)
     p.add_argument("--shape", default=None, help="shape name (default: 'small' on cpu, 'default' on cuda)")
-    p.add_argument("--base-url", default=None, help="an OpenAI-compatible server (vLLM, SGLang, Together, ...)")
-    p.add_argument("--api-key-env", default=None, help="the environment variable holding the API key")
+    p.add_argument("--base-url", default=None, help="an OpenAI-compatible server (vLLM, SGLang, Together, ...) "
+                   "(default: the provider's API)")
+    p.add_argument("--api-key-env", default=None, help="the environment variable holding the API key (default: "
+                   "the provider's, e.g. OPENAI_API_KEY)")
     p.add_argument("--budget-turns", type=int, default=None, help=f"model calls per sample (default "
                    f"{Budget().max_turns}; 0: no limit)")
-    p.add_argument("--budget-tokens", type=int, default=None, help="input and output tokens per sample, each")
-    p.add_argument("--budget-input-tokens", type=int, default=None)
-    p.add_argument("--budget-output-tokens", type=int, default=None)
-    p.add_argument("--budget-cost", type=float, default=None, help="dollars per sample (needs the model's price)")
+    p.add_argument("--budget-tokens", type=int, default=None, help="input and output tokens per sample, each "
+                   "(default: no limit)")
+    p.add_argument("--budget-input-tokens", type=int, default=None,
+                   help="input tokens per sample (default: --budget-tokens, else no limit)")
+    p.add_argument("--budget-output-tokens", type=int, default=None,
+                   help="output tokens per sample (default: --budget-tokens, else no limit)")
+    p.add_argument("--budget-cost", type=float, default=None, help="dollars per sample, needs the model's price "
+                   "(default: no limit)")
     p.add_argument("--budget-wall", type=float, default=None, help=f"seconds per sample (default "
                    f"{Budget().max_wall_s:g}; 0: no limit)")
-    p.add_argument("--budget-gpu", type=float, default=None, help="GPU seconds per sample")
+    p.add_argument("--budget-gpu", type=float, default=None, help="GPU seconds per sample (default: no limit)")
     p.add_argument("--prices", default=None, help="price table JSON (default: the packaged agent/prices.json)")
     p.add_argument("--trials", type=int, default=None, help="correctness trials of each evaluation (default 5)")
-    p.add_argument("--seed", type=int, default=None, help="the tools' seed; the final scoring uses a fresh one")
+    p.add_argument("--seed", type=int, default=None, help="the tools' seed; the final scoring uses a fresh one "
+                   "(default 0)")
     p.add_argument("--no-timing", action="store_true", help="check correctness only (no speedups)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
-    p.add_argument("--max-reply-tokens", type=int, default=None, help="output-token limit of one model reply")
+    p.add_argument("--max-reply-tokens", type=int, default=None, help="output-token limit of one model reply "
+                   "(default: the provider's)")
     p.add_argument("--reasoning-effort", default=None,
                    help="reasoning effort (OpenAI reasoning_effort; Anthropic adaptive thinking's effort, or a "
-                        "thinking budget from the model table for budget models): e.g. low, medium, high")
+                        "thinking budget from the model table for budget models): e.g. low, medium, high "
+                        "(default: the model's own)")
     p.add_argument("--thinking-budget", type=int, default=None,
-                   help="Anthropic extended thinking's budget_tokens (models that take a budget; at least 1024)")
+                   help="Anthropic extended thinking's budget_tokens (models that take a budget; at least 1024; "
+                        "default: off)")
     p.add_argument("--models", default=None, help="model table JSON (default: the packaged agent/models.json)")
     p.add_argument("--context-window", type=int, default=None,
                    help="the model's context window in tokens (default: the model table's; unknown: not managed)")
@@ -122,7 +134,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m agent.cli.run ...` is `pkb run ...`."""
-    parser = argparse.ArgumentParser(prog="pkb run", description="Run samples of a model on problems.")
+    parser = Parser(prog="pkb run", description="Run samples of a model on problems.")
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -130,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"pkb: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the run had anything to stop (as `pkb run` says it)
+        print("pkb: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

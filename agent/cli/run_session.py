@@ -4,20 +4,20 @@ and its summary. agent.cli.run parses the options and imports this module once t
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agent import interrupts
 from agent.cli import emulation
-from agent.cli.common import CliError, console, err_console, escape, plain
+from agent.cli.common import CliError, console, err_console, escape, leave, plain
 from agent.cli.options import executor_from_args
 from agent.cli.run_config import check_resume_args, config_from_args, default_run_id
 from agent.cli.source import check_shape, resolve_source, select_in
@@ -28,7 +28,7 @@ from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
 from agent.rundir import RunDir, write_json_atomic
-from agent.runner import RunConfig, RunError, Runner, RunSummary, create_run, load_run_config
+from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
 from harness.emulation import layout
@@ -146,6 +146,7 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
     prices = check_model(config)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
     executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
+    interrupted: KeyboardInterrupt | None = None
     try:
         if skipped:  # said once every check has passed, so that bad input stays one line
             print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
@@ -162,9 +163,16 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
-        summary = _run_with_progress(runner, len(runner.plan()), within)
+        try:
+            summary = _run_with_progress(runner, args.resume, within)
+        # RunInterrupted, or Ctrl-C before the first sample began (a Cancelled of a wait in the main thread
+        # arrives as KeyboardInterrupt too: agent.interrupts.terminate_as_interrupt)
+        except KeyboardInterrupt as err:
+            interrupted = err
     finally:
-        executor.close()
+        executor.close()  # also after Ctrl-C: a Ray instance started for this run is shut down
+    if interrupted is not None:
+        exit_interrupted(interrupted, within.resume_hint if within is not None else resume_command(run_dir))
     return summary, run_dir, config
 
 
@@ -235,27 +243,58 @@ PROGRESS_COLUMNS = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCom
                     TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
 
 
-def _run_with_progress(runner: Runner, total: int, within: Within | None = None) -> RunSummary:
+def resume_command(run_dir: RunDir) -> str:
+    return f"pkb run --run-id {run_dir.path.name} --resume --runs-dir {run_dir.path.parent}"
+
+
+def say_what_is_left(runner: Runner) -> None:
+    """`--resume`: how many samples are finished and how many are left, or that nothing is."""
+    specs = runner.plan()
+    done = sum(1 for spec in specs if runner.is_finished(spec))
+    name = runner.run_dir.path.name
+    if done == len(specs):
+        err_console.print(plain(f"pkb: run {name}: all {len(specs)} samples are finished; nothing left to run"))
+    else:
+        err_console.print(plain(f"pkb: resuming run {name}: {done} of {len(specs)} samples finished, "
+                                f"{len(specs) - done} left"))
+
+
+def _run_with_progress(runner: Runner, resuming: bool, within: Within | None = None) -> RunSummary:
+    """The run with a progress line (its own, or a sweep's: `within`), after, with `resuming`, what is left."""
     if within is not None:
-        return _run_in(runner, within)
+        return _run_in(runner, within, resuming)
     with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-        task = progress.add_task(runner.run_dir.path.name, total=total, stats="")
-        hint = f"pkb run --run-id {runner.run_dir.path.name} --resume --runs-dir {runner.run_dir.path.parent}"
-        return _run_in(runner, Within(progress, task, Tally(), hint))
+        task = progress.add_task(runner.run_dir.path.name, total=len(runner.plan()), stats="")
+        return _run_in(runner, Within(progress, task, Tally(), resume_command(runner.run_dir)), resuming)
 
 
-def _run_in(runner: Runner, within: Within) -> RunSummary:
+def _run_in(runner: Runner, within: Within, resuming: bool) -> RunSummary:
+    """Ctrl-C or SIGTERM: says so at once, the runner stops the running samples and raises RunInterrupted (a
+    KeyboardInterrupt: exit_interrupted then says how to resume)."""
     def on_sample(record: dict[str, Any], skipped: bool) -> None:
         within.progress.update(within.task, advance=1, stats=within.tally.add(record))
 
-    runner.on_sample = on_sample
-    try:
-        return runner.run()
-    except KeyboardInterrupt:
+    def on_interrupt(running: int) -> None:
         within.progress.stop()
-        err_console.print(plain(f"pkb: interrupted; finished samples are kept: {within.resume_hint}"))
-        sys.stderr.flush()
-        os._exit(130)  # sample threads may sit in a model call for minutes; everything on disk is consistent
+        err_console.print(plain(f"pkb: interrupted; stopping {running} running sample(s), finished samples are "
+                                "kept (Ctrl-C again ends at once)"))
+
+    runner.on_sample = on_sample
+    runner.on_interrupt = on_interrupt
+    with interrupts.terminate_as_interrupt():
+        if resuming:
+            say_what_is_left(runner)
+        return runner.run()
+
+
+def exit_interrupted(err: KeyboardInterrupt, resume: str) -> NoReturn:
+    """After Ctrl-C stopped a run: what finished (RunInterrupted knows) and how to continue; exit code 130."""
+    if isinstance(err, RunInterrupted):
+        done = f"{len(err.summary.records)} of {err.summary.total} samples finished"
+        err_console.print(plain(f"pkb: run {err.summary.run_id} stopped: {done}; continue with: {resume}"))
+    else:
+        err_console.print(plain(f"pkb: interrupted before any sample began; continue with: {resume}"))
+    leave()
 
 
 def _cost_cell(records: list[dict[str, Any]]) -> str:
@@ -268,7 +307,8 @@ def _cost_cell(records: list[dict[str, Any]]) -> str:
 def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1) -> None:
     emulated = layout.is_emulated(ranks_per_gpu)
     table = Table(title=plain(f"run {summary.run_id}: {len(summary.records)} of {summary.total} samples finished"))
-    for col in ("condition", "samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
+    table.add_column("condition", no_wrap=True)  # a row's name stays whole; the numbers take less room
+    for col in ("samples", "correct", "fast (>1x)", "no code", "infra error", "tokens", "cost $"):
         table.add_column(col)
     by_condition: dict[str, list[dict[str, Any]]] = {}
     for r in summary.records:

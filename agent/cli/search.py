@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.cli import emulation, sandbox_gate
-from agent.cli.common import CliError, console, err_console, plain
+from agent.cli.common import CliError, Parser, console, err_console, leave, plain
 from agent.cli.options import add_executor_arguments, executor_from_args
 from agent.model_spec import ProviderError, parse_model_spec
 from agent.search.config import STRATEGIES, Limits, SearchConfig, StopConfig, StrategyConfig
@@ -66,9 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     what = p.add_argument_group("what to search")
-    what.add_argument("--model", help="openai:MODEL, anthropic:MODEL, or scripted:mutator[:RATES] (offline)")
+    what.add_argument("--model", help="openai:MODEL, anthropic:MODEL, or scripted:mutator[:RATES] (offline); required, "
+                      "but with --resume")
     what.add_argument("--problems", nargs="+", help="names, globs or categories (default: all)")
-    what.add_argument("--source", help="pkb:PATH to search a ParallelKernelBench checkout's problems")
+    what.add_argument("--source", help="pkb:PATH to search a ParallelKernelBench checkout's problems (default: "
+                                           "this suite)")
     what.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     what.add_argument("--world-size", type=int, help="ranks (default 2)")
     emulation.add_argument(what, default=None)
@@ -76,7 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--seed", type=int, help="seed of every draw and of the tools' inputs (default 0)")
     what.add_argument("--trials", type=int, help="correctness trials per evaluation (default 5)")
     what.add_argument("--no-timing", action="store_true", default=None, help="correctness only (nothing to rank by)")
-    what.add_argument("--phase-timeout", type=float, help="cap on the harness's load/check/timing limits, seconds")
+    what.add_argument("--phase-timeout", type=float, help="cap on the harness's load/check/timing limits, "
+                      "seconds (default: "
+                                                                 "the harness's limits)")
     what.add_argument("--timing-iters", type=int, help="timed iterations per side (default: the device's)")
     what.add_argument("--fresh-reference", action="store_true", default=None,
                       help="time the reference beside every candidate (a shared machine whose speed drifts)")
@@ -95,33 +98,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     how.add_argument("--window", type=int, help="candidates in flight (default 2 x evaluation capacity + 1)")
     how.add_argument("--warmup", type=int, help="candidates per problem before the budget follows the gap (default 2)")
     limits = p.add_argument_group("budgets and stop rules (whole search; --problem-*: each problem)")
-    limits.add_argument("--budget-candidates", type=int)
-    limits.add_argument("--budget-gpu-hours", type=float)
-    limits.add_argument("--budget-cost", type=float, help="dollars (needs the model's price)")
-    limits.add_argument("--budget-tokens", type=int)
-    limits.add_argument("--budget-hours", type=float, help="wall-clock hours (time killed not counted)")
-    limits.add_argument("--problem-candidates", type=int)
-    limits.add_argument("--problem-gpu-hours", type=float)
-    limits.add_argument("--problem-cost", type=float)
-    limits.add_argument("--problem-tokens", type=int)
-    limits.add_argument("--problem-hours", type=float)
-    limits.add_argument("--target-fraction", type=float, help="stop a problem at this roofline fraction")
-    limits.add_argument("--target-speedup", type=float, help="stop a problem at this speedup")
-    limits.add_argument("--patience", type=int, help="stop a problem after N candidates without improvement")
+    # At least one budget or stop rule is required (a search without one would never end).
+    limits.add_argument("--budget-candidates", type=int, help="candidates in all (default: no limit)")
+    limits.add_argument("--budget-gpu-hours", type=float, help="device hours in all (default: no limit)")
+    limits.add_argument("--budget-cost", type=float, help="dollars in all, needs the model's price (default: no limit)")
+    limits.add_argument("--budget-tokens", type=int, help="model tokens in all (default: no limit)")
+    limits.add_argument("--budget-hours", type=float,
+                        help="wall-clock hours, time killed not counted (default: no limit)")
+    limits.add_argument("--problem-candidates", type=int, help="candidates per problem (default: no limit)")
+    limits.add_argument("--problem-gpu-hours", type=float, help="device hours per problem (default: no limit)")
+    limits.add_argument("--problem-cost", type=float, help="dollars per problem (default: no limit)")
+    limits.add_argument("--problem-tokens", type=int, help="model tokens per problem (default: no limit)")
+    limits.add_argument("--problem-hours", type=float, help="wall-clock hours per problem (default: no limit)")
+    limits.add_argument("--target-fraction", type=float,
+                        help="stop a problem at this roofline fraction (default: no target)")
+    limits.add_argument("--target-speedup", type=float, help="stop a problem at this speedup (default: no target)")
+    limits.add_argument("--patience", type=int,
+                        help="stop a problem after N candidates without improvement (default: no limit)")
     limits.add_argument("--min-gain", type=float, help="relative gain that counts as improvement (default 0.02)")
     limits.add_argument("--rescore-seeds", type=int, help="fresh seeds each best kernel is re-scored on (default 2)")
     limits.add_argument("--rescore-candidates", type=int, help="best kernels re-scored per problem (default 3)")
     model = p.add_argument_group("model")
-    model.add_argument("--base-url", help="an OpenAI-compatible server")
-    model.add_argument("--api-key-env", help="the environment variable holding the API key")
+    model.add_argument("--base-url", help="an OpenAI-compatible server (default: the provider's API)")
+    model.add_argument("--api-key-env", help="the environment variable holding the API key (default: the "
+                                             "provider's, e.g. OPENAI_API_KEY)")
     model.add_argument("--prices", help="price table JSON (default: agent/prices.json)")
-    model.add_argument("--temperature", type=float)
-    model.add_argument("--max-reply-tokens", type=int)
+    model.add_argument("--temperature", type=float, help="sampling temperature (default: the model's)")
+    model.add_argument("--max-reply-tokens", type=int, help="output-token limit of one reply (default: the "
+                                                            "provider's)")
     model.add_argument("--no-guide", action="store_true", default=None, help="leave the guide out of the prompt")
     run = p.add_argument_group("running")
     run.add_argument("--run-id", help="the search's folder under --runs-dir (default: time + model)")
     run.add_argument("--resume", action="store_true", help="continue the search --run-id where it stopped")
-    run.add_argument("--runs-dir", default="runs")
+    run.add_argument("--runs-dir", default="runs", help="where searches go")
     run.add_argument("--keep-logs", action="store_true", default=None, help="keep every evaluation's rank logs")
     run.add_argument("--no-live", action="store_true", help="no live table on the terminal (live.html is written)")
     # For tests and benchmarks of the loop: a module with evaluate() (harness.evaluate.evaluate's signature)
@@ -257,6 +266,7 @@ def _evaluator(name: str | None) -> tuple[Any, Any]:
 # -- the command ------------------------------------------------------------------------------------------
 def cmd_search(args: argparse.Namespace) -> int:
     # The search loop, the harness and the model stack: loaded when the command runs, not for --help.
+    from agent import interrupts
     from agent.executors.ray_cluster import RayExecutor
     from agent.search import live
     from agent.search.layout import SearchDir, SearchError, create, load_config
@@ -292,6 +302,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     evaluate, bound = _evaluator(args.evaluator)
     scheduler = _scheduler(device, world_size, args.executor, ranks_per_gpu)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
+    interrupted: KeyboardInterrupt | None = None
     try:
         capacity = max(1, executor.capacity(world_size, device))
         config = stored or config_from_args(args, [p.name for p in problems], capacity)
@@ -317,26 +328,57 @@ def cmd_search(args: argparse.Namespace) -> int:
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for {capacity} at "
                   "once)", file=sys.stderr)
-        with view:
-            try:
+        def on_interrupt(running: int) -> None:
+            view.stop()
+            err_console.print(plain(f"pkb: interrupted; stopping {running} running slot(s), everything evaluated is "
+                                    "kept (Ctrl-C again ends at once)"))
+
+        search.on_interrupt = on_interrupt
+        try:
+            with view, interrupts.terminate_as_interrupt():
+                if stored is not None:
+                    say_what_is_left(directory, config)
                 summary = search.run()
-            except KeyboardInterrupt:
-                view.stop()
-                err_console.print(f"pkb: interrupted; everything evaluated is kept: pkb search --run-id "
-                                  f"{directory.path.name} --resume --runs-dir {directory.path.parent}")
-                sys.stderr.flush()
-                os._exit(130)  # slots may sit in a model call for minutes; the archive is consistent
+        # SearchInterrupted, or Ctrl-C before the search began (a Cancelled of a wait in the main thread arrives
+        # as KeyboardInterrupt too: agent.interrupts.terminate_as_interrupt)
+        except KeyboardInterrupt as err:
+            interrupted = err
     finally:
-        executor.close()
+        executor.close()  # also after Ctrl-C: a Ray instance started for this search is shut down
+    resume = f"pkb search --run-id {directory.path.name} --resume --runs-dir {directory.path.parent}"
+    if interrupted is not None:
+        err_console.print(plain(f"pkb: search {directory.path.name} stopped; continue with: {resume}"))
+        leave()
     live.print_summary(directory, config, console)
     console.print(f"stopped: {summary.stop_reason}   live: {directory.live_html}   report: pkb report {directory.path}")
     for line in summary.errors:
         console.print(plain(line), style="red")
     if summary.stop_reason in (MODEL_FATAL, PROVIDER_UNAVAILABLE, INTERNAL_ERROR) or summary.errors:
-        console.print(f"continue with: pkb search --run-id {directory.path.name} --resume --runs-dir "
-                      f"{directory.path.parent}")
+        console.print(plain(f"continue with: {resume}"))
         return 1
     return 0
+
+
+def say_what_is_left(directory: SearchDir, config: SearchConfig) -> None:
+    """`--resume`: what the search has done and what is left, or that nothing is."""
+    from agent.search.archive import EVALUATED, Archive  # the search's archive: when the command runs
+
+    with Archive(directory.archive) as archive:
+        candidates = archive.candidates()
+        stopped = archive.stops()
+    evaluated = sum(1 for c in candidates if c.status == EVALUATED)
+    unfinished = len(candidates) - evaluated
+    active = [p for p in config.problems if p not in stopped]
+    name = directory.path.name
+    if not active and not unfinished:
+        err_console.print(plain(f"pkb: search {name}: every problem has stopped ({evaluated} candidates evaluated); "
+                                "nothing left to search (a re-scoring cut short is finished)"))
+        return
+    parts = [f"{evaluated} candidates evaluated"]
+    if unfinished:
+        parts.append(f"{unfinished} unfinished (done first)")
+    parts.append(f"still searching: {', '.join(active)}" if active else "every problem has stopped")
+    err_console.print(plain(f"pkb: resuming search {name}: " + "; ".join(parts)))
 
 
 def _default_run_id(model: str) -> str:
@@ -355,7 +397,7 @@ def _topology(device: str) -> dict[str, Any] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m agent.cli.search ...` is `pkb search ...` (without loading the other commands)."""
-    parser = argparse.ArgumentParser(prog="pkb search", description="Search for the best kernel of each problem.")
+    parser = Parser(prog="pkb search", description="Search for the best kernel of each problem.")
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -363,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as err:
         print(f"pkb: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the search had anything to stop (as `pkb search` says it)
+        print("pkb: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="measure peer copy, HBM copy, bf16 matmul and the NCCL all-reduce curve (>= 2 GPUs, "
                         "about a minute) and cache them for the roofline")
     p.add_argument("--json", action="store_true", help="print the profile and ceilings as JSON")
-    p.add_argument("--out", default=None, help="also write the profile JSON to this file")
+    p.add_argument("--out", default=None, help="also write the profile JSON to this file (default: not written)")
     p.set_defaults(handler=cmd_topology)
 
 

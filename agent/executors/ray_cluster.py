@@ -25,6 +25,7 @@ from agent.executors.request import (
     with_gpus,
 )
 from agent.rundir import write_text_atomic
+from harness import cancel
 from harness.evaluate import evaluate as harness_evaluate
 from harness.pool import REPO_ROOT, SAFE_ENV
 from harness.problem import Problem
@@ -32,6 +33,10 @@ from harness.results import EvalResult
 
 # Rank logs are capped by the pool (200 kB each); this bounds what one task sends back in all.
 MAX_LOG_BYTES = 1_000_000
+CANCEL_POLL_S = 0.5  # how often a wait for a task looks whether the driver was interrupted (Ctrl-C)
+# After Ctrl-C, how long a task gets to end once interrupted (Ray raises KeyboardInterrupt in it: the harness
+# kills its rank pools and removes its folders), before it is cancelled with force (Ray kills the worker).
+CANCEL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -306,15 +311,38 @@ class RayExecutor:
         payload = {"request": asdict(request), "code": self.code, "root": str(REPO_ROOT)}
         return self._task.options(**self.task_options(request.world_size, request.device)).remote(payload)
 
+    def _wait(self, ref: Any) -> bool:
+        """Wait for a task as ray.get(ref, timeout=task_timeout_s) would, looking every CANCEL_POLL_S whether
+        the driver was interrupted: True once it finished, False when the timeout passed. After Ctrl-C
+        (harness.cancel) the task is cancelled: Ray raises KeyboardInterrupt in it, so the harness kills its
+        rank pools and removes its folders; one still running CANCEL_GRACE_S later is cancelled with force (Ray
+        kills its worker, and the reaper beside the evaluation ends the rank groups it leaves). Then Cancelled
+        is raised."""
+        ray = self._ray
+        deadline = None if self.task_timeout_s is None else time.monotonic() + self.task_timeout_s
+        while True:
+            if cancel.requested():
+                ray.cancel(ref, force=False)
+                ended, _ = ray.wait([ref], timeout=CANCEL_GRACE_S)
+                if not ended:
+                    ray.cancel(ref, force=True)
+                cancel.check()
+            step = CANCEL_POLL_S if deadline is None else min(CANCEL_POLL_S, deadline - time.monotonic())
+            if step <= 0:
+                return False
+            ready, _ = ray.wait([ref], timeout=step)
+            if ready:
+                return True
+
     def collect(self, request: EvalRequest, ref: Any) -> EvalResult:
         """The result of a submitted evaluation; the rank logs go to request.log_dir."""
         ray = self._ray
         try:
-            reply = ray.get(ref, timeout=self.task_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
-            return infra_result(request, f"the evaluation's Ray task did not finish within {self.task_timeout_s:.0f} s",
-                                executor={"name": self.name})
+            if not self._wait(ref):
+                ray.cancel(ref, force=True)
+                return infra_result(request, f"the evaluation's Ray task did not finish within "
+                                             f"{self.task_timeout_s:.0f} s", executor={"name": self.name})
+            reply = ray.get(ref)
         except ray.exceptions.RayError as err:  # worker or node died, task raised: after max_retries
             return infra_result(request, f"the evaluation's Ray task failed {self.max_retries + 1} time(s); last: "
                                          f"{type(err).__name__}: {_first_line(err)}",
@@ -343,11 +371,11 @@ class RayExecutor:
         options = {**self.task_options(world_size, device), "retry_exceptions": False}
         ref = self._call.options(**options).remote(payload)
         try:
-            return ray.get(ref, timeout=self.task_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
-            raise ExecutorError(f"{getattr(fn, '__name__', fn)} did not finish on the Ray cluster within "
-                                f"{self.task_timeout_s:.0f} s") from None
+            if not self._wait(ref):
+                ray.cancel(ref, force=True)
+                raise ExecutorError(f"{getattr(fn, '__name__', fn)} did not finish on the Ray cluster within "
+                                    f"{self.task_timeout_s:.0f} s")
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as err:  # fn itself raised: the caller gets that very exception
             # err.cause is fn's exception as the node raised it (Ray swaps in a RayError when it does not pickle).
             # as_instanceof_cause() would give a RayTaskError subclass whose str() is Ray's whole report, so a
@@ -364,7 +392,12 @@ class RayExecutor:
     def evaluate_many(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:
         """All submitted at once (Ray queues what the cluster cannot hold yet); results in request order."""
         refs = [self.submit(r) for r in requests]
-        return [self.collect(r, ref) for r, ref in zip(requests, refs)]
+        try:
+            return [self.collect(r, ref) for r, ref in zip(requests, refs)]
+        except cancel.Cancelled:  # Ctrl-C: the queued ones never start either
+            for ref in refs:
+                self._ray.cancel(ref, force=True)
+            raise
 
     def close(self) -> None:
         if self.owns_connection and self._ray.is_initialized():

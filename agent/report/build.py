@@ -22,7 +22,7 @@ from agent import manifest
 from agent.conditions import REPLAY, ZERO_SHOT
 from agent.report import compare, metrics, trajectories
 from agent.report.run_reader import Run, Sample
-from harness.flags import is_emulated
+from harness.flags import is_emulated, timing_note
 
 REPORT_SCHEMA = "pkb-report/1"
 BASELINE_CONDITION = ZERO_SHOT
@@ -235,6 +235,10 @@ def notes(runs: Sequence[Run]) -> list[str]:
                 seen = ", ".join(f"{label}: {v}" for label, v in zip(run_labels(runs), values, strict=True))
                 out.append(f"the runs differ in {name} ({seen}): their speedups and costs are not comparable")
     for run, label in zip(runs, run_labels(runs), strict=True):
+        if (note := timing_note(run.config.get("device"))) is not None:
+            out.append(f"run {label} ran on CPU: {note}; its fast_p and speedups show that the pipeline works, "
+                       "not how fast a kernel is")
+    for run, label in zip(runs, run_labels(runs), strict=True):
         missing = [str(c) for c in run.config.get("conditions", []) if str(c) not in run.conditions]
         if missing:
             out.append(f"run {label}: no sample yet for {', '.join(missing)}")
@@ -283,7 +287,8 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         "notes": notes(runs),
         "runs": [{"run_id": r.run_id, "path": r.path, "created_at": r.created_at,
                   "model": str(r.config.get("model", "")), "conditions": r.conditions,
-                  "samples": r.samples_per_problem, "device": r.config.get("device"),
+                  "samples": r.samples_per_problem, "begun": len(r.samples),
+                  "finished": len(metrics.finished(r.records())), "device": r.config.get("device"),
                   "world_size": r.config.get("world_size"), "shape": r.config.get("shape"),
                   "emulated": run_is_emulated(r), "ranks_per_gpu": ranks_per_gpu(r),
                   "problems": sorted({s.record.problem for s in r.samples}),

@@ -42,7 +42,9 @@ def fast_p_figure(report: Report) -> bytes | None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("speedup threshold p")
     ax.set_ylabel(f"fast_p@{k}")
-    ax.set_title(f"fast_p@{k}: share of problems with a correct sample faster than p x the reference")
+    cpu = any(a.get("device") == "cpu" for a in report.data["arms"])
+    ax.set_title(f"fast_p@{k}: share of problems with a correct sample faster than p x the reference"
+                 + ("\n(CPU timings: they prove the plumbing, not a GPU kernel's speed)" if cpu else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")
     return _png(fig)
@@ -78,7 +80,9 @@ def _strip_figure(report: Report, key: str, ylabel: str, title: str, log: bool) 
 
 
 def speedup_figure(report: Report) -> bytes | None:
-    return _strip_figure(report, "speedups", "speedup (log scale)", "speedup of correct samples", log=True)
+    cpu = any(a.get("device") == "cpu" for a in report.data["arms"])
+    return _strip_figure(report, "speedups", "speedup (log scale)",
+                         "speedup of correct samples" + (" (CPU: plumbing only)" if cpu else ""), log=True)
 
 
 def roofline_figure(report: Report) -> bytes | None:

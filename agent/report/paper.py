@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.report.build import HEADLINE_METRICS, Report
-from agent.report.rows import NOT_AVAILABLE, fmt_cost, fmt_seconds, fmt_tokens
+from agent.report.build import Report
+from agent.report.rows import NOT_AVAILABLE, ONE_PROBLEM, fmt_cost, fmt_seconds, fmt_tokens, headline_metrics_shown
 
 CONFOUNDED_MARK = "†"
 
@@ -25,6 +25,8 @@ def _nan(value: Any) -> bool:
 def fmt_delta(d: dict[str, Any]) -> str:
     if d["n"] == 0 or _nan(d["mean"]):
         return "— (no shared problem)"
+    if d["n"] == 1:
+        return f"{d['mean']:+.2f} ({ONE_PROBLEM})"
     return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
 
 
@@ -54,18 +56,18 @@ def comparison_label(c: dict[str, Any]) -> str:
 def comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The report's full comparison table: every headline Δ, the speedup ratio, tests and wins/losses/ties."""
     k = report.k
-    titles = dict(HEADLINE_METRICS)
+    shown = headline_metrics_shown(k)  # pass@k once at k = 1
     head = ["treatment vs baseline", "compares", "problems"]
     rows = []
-    for key, title in HEADLINE_METRICS:
-        head.append(f"Δ {title.format(k=k)}")
+    for key, title in shown:
+        head.append(f"Δ {title}")
         if key in ("pass_at_k", "fast_1_at_k"):
-            head.append(f"p ({title.format(k=k)})")
+            head.append(f"p ({title})")
     head += ["speedup ratio (both solved)", "p (speedup)", f"wins/losses/ties (pass@{k})"]
     for c in report.data["comparisons"]:
         m = c["metrics"]
         row = [comparison_label(c), c.get("factor", "condition"), str(m["pass_at_k"]["n"])]
-        for key in titles:
+        for key, _ in shown:
             row.append(fmt_delta(m[key]))
             if key in ("pass_at_k", "fast_1_at_k"):
                 row.append(fmt_p_pair(m[key]))

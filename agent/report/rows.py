@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agent.report.build import HEADLINE_METRICS, Report
+from agent.report.build import HEADLINE_METRICS, REPLAY_CONDITION, Report
+from harness.flags import timing_note
 
 NOT_AVAILABLE = "n/a"
 CURVE_TABLE_PS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
@@ -17,10 +18,20 @@ def fmt_num(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+ONE_PROBLEM = "one problem: no interval"  # a bootstrap over one problem resamples nothing
+
+
 def fmt_interval(iv: dict[str, Any]) -> str:
     if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
         return "—"
+    if iv["n"] == 1:
+        return f"{iv['mean']:.2f} ({ONE_PROBLEM})"
     return f"{iv['mean']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def headline_metrics_shown(k: int) -> list[tuple[str, str]]:
+    """(key, column title) of the headline's metrics; with k = 1, pass@k is pass@1 and is shown once."""
+    return [(key, title.format(k=k)) for key, title in HEADLINE_METRICS if not (k == 1 and key == "pass_at_k")]
 
 
 def fmt_speedup(value: float | None) -> str:
@@ -61,11 +72,16 @@ def fmt_gpu_seconds(seconds: float, device: str | None) -> str:
 
 
 def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    head = ["run", "model", "conditions", "samples", "device", "W", "shape", "created"]
-    keys = ("run_id", "model", "conditions", "samples", "device", "world_size", "shape", "created_at")
+    """One row per run. `samples` is counted as the headline counts it (finished of those begun), so the two
+    agree; `per problem` is what the run asked for (a replay run scores every file it finds)."""
+    head = ["run", "model", "conditions", "samples", "per problem", "device", "W", "shape", "created"]
+    keys = ("run_id", "model", "conditions", "finished", "samples", "device", "world_size", "shape", "created_at")
     rows = []
     for r in report.data["runs"]:
-        values = [", ".join(r[key]) if key == "conditions" else r[key] for key in keys]
+        values = [", ".join(r[key]) if key == "conditions" else r.get(key) for key in keys]
+        values[keys.index("finished")] = f"{r['finished']}/{r['begun']}"
+        if r["samples"] is None:
+            values[keys.index("samples")] = "every file" if REPLAY_CONDITION in r["conditions"] else None
         if r.get("emulated"):
             shared = f", {r['ranks_per_gpu']} ranks/GPU" if (r.get("ranks_per_gpu") or 1) > 1 else ""
             values[keys.index("device")] = f"{r['device']} (emulated{shared})"
@@ -73,17 +89,27 @@ def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def fmt_arm_speedup(value: float | None, device: str | None) -> str:
+    """A speedup figure of an arm; on CPU marked as what it is (the note under the headline says more)."""
+    text = fmt_speedup(value)
+    return f"{text} (CPU: plumbing)" if value is not None and timing_note(device) else text
+
+
 def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     k = report.k
-    head = ["condition", "problems", "samples"] + [t.format(k=k) for _, t in HEADLINE_METRICS] + [
+    shown = headline_metrics_shown(k)
+    head = ["condition", "problems", "samples"] + [title for _, title in shown] + [
         "geomean speedup", "cost", "tokens", "wall", "GPU"]
     rows = []
     for a in report.data["arms"]:
         u = a["usage"]
         rows.append([a["label"], str(a["problems"]), f"{a['samples']['finished']}/{a['samples']['total']}"]
-                    + [fmt_interval(a[key]) for key, _ in HEADLINE_METRICS]
-                    + [fmt_speedup(a["geomean_speedup"]), fmt_cost(u["cost_usd"]), fmt_usage_tokens(u),
-                       fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
+                    + [fmt_interval(a[key]) for key, _ in shown]
+                    + [fmt_arm_speedup(a["geomean_speedup"], a["device"]), fmt_cost(u["cost_usd"]),
+                       fmt_usage_tokens(u), fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
+    return head, rows
+
+
     return head, rows
 
 
@@ -133,7 +159,7 @@ def category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
         for key in ("pass_at_k", "fast_1_at_k"):
             for a in arms:
                 iv = a["per_category"].get(cat, {}).get(key)
-                cells.append(f"{fmt_interval(iv)} (n={iv['n']})" if iv else "—")
+                cells.append((fmt_interval(iv) + (f" (n={iv['n']})" if iv["n"] > 1 else "")) if iv else "—")
         rows.append(cells)
     return head, rows
 
@@ -148,13 +174,13 @@ def problem_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     for name in names:
         cat = next(m[name]["category"] for m in by_arm if name in m)
         cells = [name, cat]
-        for m in by_arm:
+        for m, device in zip(by_arm, (a["device"] for a in arms), strict=True):
             p = m.get(name)
             if p is None:
                 cells.append("—")
                 continue
             failing = ", ".join(f"{v}×{n}" for v, n in p["verdicts"].items() if v != "correct")
             cells.append(f"{p['correct']}/{p['n']} correct; pass@{k} {fmt_num(p['pass_at_k'])}; "
-                         f"best {fmt_speedup(p['best_speedup'])}" + (f"; {failing}" if failing else ""))
+                         f"best {fmt_arm_speedup(p['best_speedup'], device)}" + (f"; {failing}" if failing else ""))
         rows.append(cells)
     return head, rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -21,20 +22,21 @@ from agent.rundir import write_text_atomic
 from agent.search.archive import Archive
 from agent.search.config import SearchConfig
 from agent.search.layout import SearchDir
-from agent.search.summary import ProblemRow, problem_rows, throughput, timeline
+from agent.search.summary import (
+    BEST_NOTE,
+    ProblemRow,
+    best_text,
+    headline_best,
+    percent_text,
+    problem_rows,
+    speedup_text,
+    throughput,
+    timeline,
+)
+from harness.flags import timing_note
 
 REFRESH_S = 10  # the page's own refresh
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
-
-
-def _x(value: float | None, digits: int = 3) -> str:
-    return f"{value:.{digits}g}x" if value is not None else "-"
-
-
-def _pct(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2%}" if value >= 1e-3 else f"{value:.2e}"
 
 
 def _status(row: ProblemRow) -> str:
@@ -46,30 +48,29 @@ def _cost(row: ProblemRow) -> str:
 
 
 def cells(row: ProblemRow) -> list[str]:
-    best = row.best
-    reported = row.reported
+    best = headline_best(row)
     return [
-        row.problem, str(row.decided), f"{row.correct}/{row.evaluated}", str(row.trusted),
-        f"{_x(best.speedup)} (#{best.id})" if best else "-",
-        f"{_x(reported.speedup)} (#{reported.candidate.id})" if reported else "-",
-        _pct(reported.fraction if reported else (best.roofline_fraction if best else None)),
-        row.binding or "-", f"{row.gpu_s / 3600:.3f}", f"{row.tokens:,}", _cost(row), _status(row),
+        row.problem, str(row.decided), f"{row.correct}/{row.evaluated}", str(row.trusted), best_text(best),
+        percent_text(best.fraction if best else None), row.binding or "-", f"{row.gpu_s / 3600:.3f}",
+        f"{row.tokens:,}", _cost(row), _status(row),
     ]
 
 
-HEADERS = ("problem", "candidates", "correct", "trusted", "best (search)", "best (rescored)", "roofline",
-           "bound by", "device h", "tokens", "cost", "status")
+HEADERS = ("problem", "candidates", "correct", "trusted", "best", "roofline", "bound by", "device h", "tokens",
+           "cost", "status")
 
 
 # The terminal shows the columns that matter most at a glance (the page shows them all).
-TERMINAL = ("problem", "candidates", "correct", "best (search)", "best (rescored)", "roofline", "status")
+TERMINAL = ("problem", "candidates", "correct", "best", "roofline", "status")
 
 
 def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table:
-    t = Table(title=f"search {directory.path.name} ({config.strategy.name}, {config.model})")
+    caption = timing_note(config.device)
+    t = Table(title=f"search {directory.path.name} ({config.strategy.name}, {config.model})",
+              caption=caption)
     keep = [HEADERS.index(h) for h in TERMINAL]
     for i in keep:
-        t.add_column(HEADERS[i], overflow="fold")
+        t.add_column(HEADERS[i], overflow="fold", no_wrap=HEADERS[i] == "problem")  # a name stays whole
     for row in problem_rows(archive, config.problems, config.rescore_seeds):
         values = cells(row)
         t.add_row(*(values[i] for i in keep))
@@ -77,15 +78,16 @@ def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table
 
 
 # -- the page ---------------------------------------------------------------------------------------------
-def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str, xlabel: str, log_y: bool = False,
-              width: int = 560, height: int = 260) -> str:
-    """A step chart (best so far) of each series, as inline SVG: no figure library, cheap to redraw."""
+def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str, xlabel: str, ylabel: str,
+              tick: Callable[[float], str], log_y: bool = False, width: int = 640, height: int = 260) -> str:
+    """A step chart (best so far) of each series, as inline SVG: no figure library, cheap to redraw. The
+    legend is a column right of the plot, never over a line; `tick` writes the y axis's labels."""
     import math
 
     points = [(x, y) for pts in series.values() for x, y in pts if y is not None and (y > 0 or not log_y)]
     if not points:
         return f"<p><em>{html.escape(title)}: nothing trusted yet</em></p>"
-    left, right, top, bottom = 60, 10, 24, 36
+    left, right, top, bottom = 74, 150, 24, 36
     xs = [p[0] for p in points]
     ys = [math.log10(p[1]) if log_y else p[1] for p in points]
     x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
@@ -100,18 +102,24 @@ def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str
         v = math.log10(y) if log_y else y
         return top + (1 - (v - y0) / (y1 - y0)) * (height - top - bottom)
 
+    mid_y = (top + height - bottom) / 2
     parts = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
              f'style="font:11px sans-serif">',
              f'<text x="{left}" y="14" style="font-weight:bold">{html.escape(title)}</text>',
              f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#999"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#999"/>',
-             f'<text x="{(left + width) / 2}" y="{height - 6}" text-anchor="middle">{html.escape(xlabel)}</text>']
+             f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">'
+             f'{html.escape(xlabel)}</text>',
+             f'<text x="12" y="{mid_y:.1f}" text-anchor="middle" transform="rotate(-90 12 {mid_y:.1f})">'
+             f'{html.escape(ylabel)}</text>']
     for frac in (0.0, 0.5, 1.0):
         value = y0 + frac * (y1 - y0)
         label = 10 ** value if log_y else value
-        parts.append(f'<text x="{left - 4}" y="{py(label) + 4:.1f}" text-anchor="end">{label:.3g}</text>')
+        parts.append(f'<text x="{left - 4}" y="{py(label) + 4:.1f}" text-anchor="end">'
+                     f'{html.escape(tick(label))}</text>')
         xv = x0 + frac * (x1 - x0)
-        parts.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 14}" text-anchor="middle">{xv:.3g}</text>')
+        anchor = {0.0: "start", 0.5: "middle", 1.0: "end"}[frac]  # the first clear of the y axis's lowest label
+        parts.append(f'<text x="{px(xv):.1f}" y="{height - bottom + 14}" text-anchor="{anchor}">{xv:.3g}</text>')
     for i, (name, pts) in enumerate(sorted(series.items())):
         color = COLORS[i % len(COLORS)]
         path = []
@@ -125,8 +133,10 @@ def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str
             last_y = y
         if path:
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(path)}"/>')
-        parts.append(f'<text x="{width - right - 4}" y="{top + 12 * (i + 1)}" text-anchor="end" '
-                     f'fill="{color}">{html.escape(name)}</text>')
+        key_y = top + 14 * i + 6
+        parts.append(f'<line x1="{width - right + 10}" y1="{key_y}" x2="{width - right + 26}" y2="{key_y}" '
+                     f'stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{width - right + 30}" y="{key_y + 4}" fill="{color}">{html.escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -151,13 +161,15 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
         f"{html.escape(config.proposer)}) on {config.device}, "
         f"W={config.world_size}, shape {html.escape(config.shape)}. "
         f"{'Finished' if final else 'Running'}: {stats['candidates']} candidates in "
-        f"{stats['wall_s'] / 3600:.2f} h; devices busy {_pct(busy)}; updated "
+        f"{stats['wall_s'] / 3600:.2f} h; devices busy {percent_text(busy)}; updated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</p>",
         "<table>", *body, "</table>",
-        "<p>best (search): the best trusted kernel by the search's own evaluation; best (rescored): the best one "
-        "confirmed on fresh seeds (median), the one a report names.</p>",
-        svg_chart(speed, title="best trusted speedup", xlabel="hours running", log_y=True),
-        svg_chart(frac, title="roofline fraction of that kernel", xlabel="hours running", log_y=True),
+        f"<p>{html.escape(BEST_NOTE)}.</p>",
+        *([f"<p><b>{html.escape(note)}.</b></p>"] if (note := timing_note(config.device)) else []),
+        svg_chart(speed, title="best trusted speedup", xlabel="hours running", ylabel="speedup", tick=speedup_text,
+                  log_y=True),
+        svg_chart(frac, title="roofline fraction of that kernel", xlabel="hours running",
+                  ylabel="% of the roofline bound", tick=percent_text, log_y=True),
         "</body></html>",
     ])
 

@@ -34,6 +34,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import interrupts
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
@@ -55,11 +56,21 @@ from agent.search.scoring import (
     unevaluated,
 )
 from agent.usage import PriceTable
+from harness import cancel
 from harness.problem import Problem
 
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
 OUTAGE_PAUSES_S = (5.0, 15.0, 60.0, 300.0)  # between attempts, the last one repeated
 INTERNAL_ERROR = "internal_error"
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped the search: running evaluations were stopped, the archive is consistent.
+    `still_running`: slots left in a model call (the caller ends the process without waiting for them)."""
+
+    def __init__(self, run_id: str, still_running: int) -> None:
+        super().__init__(f"search {run_id} interrupted")
+        self.still_running = still_running
 
 
 @dataclass
@@ -89,7 +100,7 @@ class Search:
                  bound: Callable[[Problem], dict[str, Any]] | None = None, prices: PriceTable | None = None,
                  model_factory: Callable[[int], Any] | None = None, topology: dict[str, Any] | None = None,
                  on_change: Callable[[Archive], None] | None = None, outage_wait_s: float = OUTAGE_WAIT_S,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = cancel.sleep) -> None:
         self.directory = directory
         self.config = config
         self.problems = {p.name: p for p in problems}
@@ -123,6 +134,9 @@ class Search:
         self._session = 0
         self._session_started = 0.0
         self._before_s = 0.0
+        self._rescoring: list[Future[None]] = []
+        # Called at once on Ctrl-C with the number of running slots, before they are stopped (the CLI says so).
+        self.on_interrupt: Callable[[int], None] | None = None
 
     # -- the clock ----------------------------------------------------------------------------------------
     def elapsed_s(self) -> float:
@@ -146,6 +160,7 @@ class Search:
         pool = ThreadPoolExecutor(max_workers=self.window, thread_name_prefix="search")
         in_flight: dict[int, Future[None]] = {}
         interrupted = False
+        left = 0  # slots still running after Ctrl-C (in a model call)
         try:
             self.proposer.log = self.log
             self._bounds()
@@ -176,17 +191,24 @@ class Search:
             rows = archive.candidates()
             return SearchSummary(self.directory.path.name, reason, len(rows), sum(c.done for c in rows),
                                  list(self._errors))
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, cancel.Cancelled):  # Ctrl-C: polled (agent.interrupts), or a plain interrupt
             archive.set_meta("stop_reason", stopping.INTERRUPTED)
             self._heartbeat()
             interrupted = True
-            raise
+            futures = [*in_flight.values(), *self._rescoring]
+            busy = interrupts.interrupted(futures)
+            if self.on_interrupt is not None:
+                self.on_interrupt(busy)
+            self.log.info("search_interrupted", running=busy)
+            left = interrupts.stop_work(futures)  # evaluations stopped, their processes ended
+            self.log.info("search_stopped", still_running=left)
+            raise SearchInterrupted(self.directory.path.name, left) from None
         finally:
-            # After Ctrl-C the caller exits at once: slots in a model call or an evaluation are not waited for
-            # (the archive is consistent whenever the process ends; --resume redoes what they were doing).
+            # After Ctrl-C, slots still in a model call are not waited for: the caller ends the process (the
+            # archive is consistent whenever the process ends; --resume redoes what they were doing).
             pool.shutdown(wait=not interrupted, cancel_futures=True)
             handle.close()
-            if not interrupted:
+            if not interrupted or not left:
                 archive.close()
                 self.archive = None
 
@@ -204,14 +226,16 @@ class Search:
     def _drain(self, in_flight: dict[int, Future[None]], below: int | None) -> None:
         """Wait until no slot below `below` (None: no slot at all) is in flight."""
         while True:
+            cancel.check()  # Ctrl-C (agent.interrupts): polled, never raised into this thread
             waiting = [f for s, f in in_flight.items() if below is None or s < below]
             finished = [s for s, f in in_flight.items() if f.done()]
             for s in finished:
-                self._collect(s, in_flight.pop(s))
+                self._collect(s, in_flight[s])  # a slot stopped by Ctrl-C raises Cancelled: it stays, counted
+                del in_flight[s]
             if not [s for s in in_flight if below is None or s < below]:
                 return
             if waiting:
-                wait(waiting, timeout=30.0, return_when=FIRST_COMPLETED)
+                wait(waiting, timeout=interrupts.CANCEL_POLL_S, return_when=FIRST_COMPLETED)
 
     def _collect(self, slot: int, future: Future[None]) -> None:
         try:
@@ -245,6 +269,7 @@ class Search:
         for name in self.order:
             if name in known:
                 continue
+            cancel.check()  # Ctrl-C between problems' bounds (agent.interrupts polls, it raises nothing here)
             try:
                 record = self.bound_fn(self.problems[name])
                 bound_ms, binding = bound_of(record)
@@ -354,7 +379,7 @@ class Search:
                 if waited + pause > self.outage_wait_s or self._abort is not None:
                     raise
                 log.warning("provider_down", error=str(err), waited_s=waited, pause_s=pause)
-                self.sleep(pause)
+                self.sleep(pause)  # cancel.sleep: Ctrl-C ends the pause at once (Cancelled)
                 waited += pause
 
     def _record_proposal(self, slot: int, c: Candidate, proposal: Proposal) -> None:
@@ -398,7 +423,11 @@ class Search:
     def _rescore(self, pool: ThreadPoolExecutor) -> None:
         seeds = self.rescore_seeds()
         futures = {name: pool.submit(self._rescore_problem, name, seeds) for name in self.order}
+        self._rescoring = list(futures.values())  # what Ctrl-C has to stop
         for name, future in futures.items():
+            while not future.done():  # polled, so that Ctrl-C (agent.interrupts) is noticed while it runs
+                cancel.check()
+                wait([future], timeout=interrupts.CANCEL_POLL_S)
             try:
                 future.result()
             except Exception as err:

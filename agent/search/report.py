@@ -25,7 +25,18 @@ from typing import Any
 from agent.search.archive import Archive, Candidate
 from agent.search.layout import SearchDir, is_search_dir, load_config
 from agent.search.loop import search_stop_reason
-from agent.search.summary import ProblemRow, problem_rows, throughput, timeline
+from agent.search.summary import (
+    BEST_NOTE,
+    ProblemRow,
+    best_text,
+    headline_best,
+    percent_text,
+    problem_rows,
+    speedup_text,
+    throughput,
+    timeline,
+)
+from harness.flags import timing_note
 
 MAX_NOTE = 160
 
@@ -118,21 +129,24 @@ def _short(text: str) -> str:
 
 def _problem(row: ProblemRow, chain: list[dict[str, Any]], every: dict[int, Candidate]) -> dict[str, Any]:
     reported = row.reported
-    best = row.best
+    best = headline_best(row)  # what the terminal and live.html call the best: the same function
     return {
         "problem": row.problem, "decided": row.decided, "evaluated": row.evaluated, "correct": row.correct,
         "trusted": row.trusted, "verdicts": dict(sorted(row.verdicts.items())),
         "stop": {"reason": row.stop.reason, "at_slot": row.stop.at_slot, "detail": row.stop.detail} if row.stop
         else None,
         "bound_ms": row.bound_ms, "binding": row.binding,
-        "best": None if reported is None and best is None else {
-            "candidate": (reported.candidate if reported else best).id,  # type: ignore[union-attr]
-            "confirmed": reported is not None,
+        "best": None if best is None else {
+            "candidate": best.candidate.id,
+            "confirmed": best.confirmed,
+            "speedup": best.speedup,
+            "fraction": best.fraction,
+            "text": best_text(best),
             "rescored_speedup": reported.speedup if reported else None,
             "rescored_fraction": reported.fraction if reported else None,
             "rescore_seeds": reported.seeds if reported else [],
-            "search_speedup": (reported.candidate if reported else best).speedup,  # type: ignore[union-attr]
-            "source": (reported.candidate if reported else best).source,  # type: ignore[union-attr]
+            "search_speedup": best.candidate.speedup,
+            "source": best.candidate.source,
         },
         "rescore_failed": row.rescore_failed, "lineage": chain,
         "gpu_hours": row.gpu_s / 3600.0, "tokens": row.tokens, "cost_usd": row.cost_usd, "cost_known": row.cost_known,
@@ -169,14 +183,8 @@ def figure_png(report: dict[str, Any]) -> bytes:
 
 
 # -- text -------------------------------------------------------------------------------------------------
-def _x(v: float | None) -> str:
-    return f"{v:.3g}x" if v is not None else "-"
-
-
-def _f(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.2%}" if v >= 1e-3 else f"{v:.2e}"
+_x = speedup_text
+_f = percent_text
 
 
 def _s(v: float | None) -> str:
@@ -215,6 +223,12 @@ def _throughput_lines(t: dict[str, Any]) -> list[str]:
     ]
 
 
+def _notes(report: dict[str, Any]) -> list[str]:
+    """What to know before reading the table: what "best" is, and on CPU what a speedup is worth."""
+    note = timing_note(report["config"]["device"])
+    return [f"{BEST_NOTE}.", *([f"{note}."] if note else [])]
+
+
 def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
     c = report["config"]
     spent = report["spent"]
@@ -223,13 +237,12 @@ def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
            f"W={c['world_size']}, shape "
            f"`{c['shape']}`, seed {c['seed']}. Stopped: **{report['stop_reason']}** ({report['sessions']} "
            "session(s)).", "",
-           "| problem | best (rescored) | roofline | bound by | search speedup | candidates | correct | trusted | "
+           *_notes(report), "",
+           "| problem | best | roofline | bound by | search speedup | candidates | correct | trusted | "
            "stop |", "|---|---|---|---|---|---|---|---|---|"]
     for p in report["problems"]:
         b = p["best"]
-        rescored = (_x(b["rescored_speedup"]) + f" (#{b['candidate']})") if b and b["confirmed"] else (
-            f"unconfirmed (#{b['candidate']})" if b else "-")
-        out.append(f"| {p['problem']} | {rescored} | {_f(b['rescored_fraction']) if b else '-'} | "
+        out.append(f"| {p['problem']} | {b['text'] if b else '-'} | {_f(b['fraction']) if b else '-'} | "
                    f"{p['binding'] or '-'} | {_x(b['search_speedup']) if b else '-'} | {p['decided']} | "
                    f"{p['correct']} | {p['trusted']} | {p['stop']['reason'] if p['stop'] else 'searching'} |")
     out += ["", "## Spent", "",
@@ -265,14 +278,11 @@ def to_html(report: dict[str, Any]) -> str:
     png = base64.b64encode(figure_png(report)).decode("ascii")
     c = report["config"]
     spent = report["spent"]
-    head = ("problem", "best (rescored)", "roofline", "bound by", "search speedup", "candidates", "correct",
-            "trusted", "stop")
+    head = ("problem", "best", "roofline", "bound by", "search speedup", "candidates", "correct", "trusted", "stop")
     rows = []
     for p in report["problems"]:
         b = p["best"]
-        rescored = (_x(b["rescored_speedup"]) + f" (#{b['candidate']})") if b and b["confirmed"] else (
-            f"unconfirmed (#{b['candidate']})" if b else "-")
-        cells = (p["problem"], rescored, _f(b["rescored_fraction"]) if b else "-", p["binding"] or "-",
+        cells = (p["problem"], b["text"] if b else "-", _f(b["fraction"]) if b else "-", p["binding"] or "-",
                  _x(b["search_speedup"]) if b else "-", str(p["decided"]), str(p["correct"]), str(p["trusted"]),
                  p["stop"]["reason"] if p["stop"] else "searching")
         rows.append("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in cells) + "</tr>")
@@ -303,6 +313,7 @@ def to_html(report: dict[str, Any]) -> str:
         f"<code>{esc(c['proposer'])}</code>) on {esc(c['device'])}, "
         f"W={c['world_size']}, shape <code>{esc(c['shape'])}</code>, seed {c['seed']}. Stopped: "
         f"<b>{esc(report['stop_reason'])}</b>.</p>",
+        "".join(f"<p>{esc(note)}</p>" for note in _notes(report)),
         "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", *rows, "</table>",
         f"<p>spent: {spent['candidates']} candidates, {spent['gpu_hours']:.4f} device hours, {spent['tokens']:,} "
         f"tokens, " + (f"${spent['cost_usd']:.2f}" if report["cost_known"] else "dollars n/a") +

@@ -20,6 +20,7 @@ Used by the live view, the end-of-search table and the report, so all three say 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +58,53 @@ class ProblemRow:
     cost_known: bool = True
     bound_ms: float | None = None
     binding: str | None = None
+
+
+BEST_NOTE = ("best: the kernel the report names, with its median speedup on fresh seeds; before the re-scoring at "
+             "the end, the search's own best, marked unconfirmed")
+
+
+@dataclass
+class Best:
+    """The one figure of a problem that the terminal, live.html and the report all show as its best."""
+
+    candidate: Candidate
+    speedup: float | None  # the median over its rescores when confirmed, else the search's own measurement
+    fraction: float | None
+    confirmed: bool  # trusted on every fresh seed (re-scored); False: the search's best, not re-scored yet
+
+
+def headline_best(row: ProblemRow) -> Best | None:
+    """The problem's best: the re-scored one a report names once there is one, else the search's own best
+    (marked unconfirmed). Everything that prints a search's best calls this, so they never disagree."""
+    if row.reported is not None:
+        return Best(row.reported.candidate, row.reported.speedup, row.reported.fraction, True)
+    if row.best is not None:
+        return Best(row.best, row.best.speedup, row.best.roofline_fraction, False)
+    return None
+
+
+def speedup_text(value: float | None) -> str:
+    return f"{value:.3g}x" if value is not None else "-"
+
+
+def percent_text(value: float | None, digits: int = 2) -> str:
+    """A fraction as a percentage with `digits` significant digits, never in exponent notation (a CPU run's
+    roofline fraction is around 1e-6)."""
+    if value is None:
+        return "-"
+    pct = 100.0 * value
+    if pct == 0 or not math.isfinite(pct):
+        return f"{pct:g}%"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(pct))))
+    return f"{pct:.{decimals}f}%"
+
+
+def best_text(best: Best | None) -> str:
+    """'6.91x (#12)' for a re-scored best, '9.11x (#5, unconfirmed)' before the re-scoring, '-' for none."""
+    if best is None:
+        return "-"
+    return f"{speedup_text(best.speedup)} (#{best.candidate.id}{'' if best.confirmed else ', unconfirmed'})"
 
 
 def reported_best(candidates: list[Candidate], rescores: list[Rescore], seeds: int) -> tuple[Reported | None,
