@@ -41,7 +41,8 @@ problem = get(load_suite(), "all_reduce")
 started = time.perf_counter()
 r = evaluate(problem, sys.argv[1], world_size=2, device=device, shape=shape,
              config=EvalConfig(trials=5, timing=TimingConfig.for_device(device), use_reference_cache=False))
-print(json.dumps({"seconds": time.perf_counter() - started, "verdict": r.verdict, "stages": r.stages,
+timed = {"median_ms": r.timings.candidate.median_ms, "reference_ms": r.timings.reference.median_ms} if r.timings else {}
+print(json.dumps({"seconds": time.perf_counter() - started, "verdict": r.verdict, "stages": r.stages, **timed,
                   "sandbox": r.integrity.get("sandbox", {}).get("backend", "none (before)")}))
 """
 
