@@ -166,3 +166,22 @@ def test_recorded_exports_parse(path: Path) -> None:
     report.kernels, report.per_call = ncu.aggregate(rows, list(metrics), 2)
     top = ncu.summarize_kernels(report, hbm=HBM, link=LINK)[0]
     assert top.us_per_call and top.us_per_call > 0 and top.dram_bytes_per_s is not None
+
+
+def test_the_recorded_one_h200_export_summarises_as_the_tool_said_on_the_gpu() -> None:
+    """The raw page the profile tool's Nsight run wrote on one H200 (2026-12-01, the one-shot all-reduce expert,
+    W=2 sharing the GPU, `default` shape): its NVLink counters were not readable there (no NVLink peer), the
+    rest was; the numbers are the ones the tool showed the model in that run."""
+    path = FIXTURES / "ncu" / "recorded_all_reduce__one_shot.csv"
+    metrics = ncu.METRIC_SETS["agent"]
+    rows, present = ncu.parse_raw_csv(path.read_text(), metrics)
+    assert set(metrics) - present == {"nvltx__bytes.sum", "nvlrx__bytes.sum"}
+    report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="partial")
+    report.kernels, report.per_call = ncu.aggregate(rows, list(metrics), 2)
+    (top,) = ncu.summarize_kernels(report, hbm=ncu.Ceiling(4.8e12, "datasheet"), link=LINK)
+    assert top.name == "one_shot_all_reduce" and top.launches_per_call == 1
+    assert top.us_per_call == pytest.approx(136.784)
+    assert top.dram_fraction == pytest.approx(0.627, abs=0.001)  # 3.01 TB/s of the datasheet's 4.8
+    assert top.sm_pct == pytest.approx(29.35, abs=0.01)
+    assert top.nvlink_tx_bytes_per_s is None and top.nvlink_fraction is None
+    assert [reason for reason, _ in top.stalls][:2] == ["long_scoreboard", "wait"]
