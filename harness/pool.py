@@ -309,7 +309,6 @@ class RankPool:
         self.folder = folder = private_folder(FOLDER_PREFIX)
         (folder / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
         self.scratch = self._make_scratch(folder / "scratch")
-        self.scratch_files = hostile_files.Folder.open(self.scratch)
         child_fds: list[int] = []
         entries = []
         visible_gpus, device_index = self._placement()
@@ -380,12 +379,14 @@ class RankPool:
     def _make_scratch(self, scratch: Path) -> Path:
         """The scratch folder and the candidate's own folders in it (TMPDIR, caches, HOME). Where ranks run as
         another uid, the scratch stays the harness's (sticky, writable by all: ranks create files in it but
-        cannot remove or replace what the harness made) and those folders are the ranks'."""
+        cannot remove or replace what the harness made) and those folders are the ranks'. Everything inside
+        the scratch is made through its held folder (harness.hostile_files), as every later access is."""
         scratch.mkdir(mode=0o700)
         if self._host_uid_switch:
             os.chmod(scratch, 0o1777)
+        self.scratch_files = files = hostile_files.Folder.open(scratch)
         for sub in ("tmp", "cache", "home"):
-            (scratch / sub).mkdir(mode=0o700)
+            files.make_dir(sub, 0o700)
             self._give_to_sandbox(scratch / sub)
         if self.extensions is not None:
             self._give_to_sandbox(self.extensions)
@@ -395,9 +396,9 @@ class RankPool:
         """A folder of the scratch for files the harness and the ranks exchange, made before any candidate code
         runs (so none can have put a link in its place). `writable`: the ranks write into it (outputs); else
         only the harness does (inputs), and where ranks run as another uid they cannot."""
-        assert self.scratch is not None
+        assert self.scratch is not None and self.scratch_files is not None
         path = self.scratch / name
-        path.mkdir(mode=0o755 if not writable else 0o700)
+        self.scratch_files.make_dir(name, 0o755 if not writable else 0o700)
         if writable:
             self._give_to_sandbox(path)
         return path

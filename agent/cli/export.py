@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export", help="samples of runs as JSON lines (one per sample, manifest keys included)")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (runs/<run_id>) or sweep folders")
     p.add_argument("--format", choices=("jsonl",), default="jsonl", help="jsonl: one JSON object per line (default)")
-    p.add_argument("--out", default=None, help="write here instead of stdout")
+    p.add_argument("--out", default=None, help="write here instead of stdout (default: stdout)")
     p.set_defaults(handler=cmd_export)
 
 
