@@ -139,6 +139,9 @@ def probe() -> SandboxInfo:
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _DROP = Path(__file__).with_name("drop.py")
+# Where drop.py is bound inside every sandbox: also where the checkout that holds it is hidden (the bash
+# condition's shell hides it: problems/ holds the oracles).
+DROP_MOUNT = "/.pkb-drop.py"
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,8 @@ class SandboxPolicy:
         exe = shutil.which("bwrap") or "bwrap"
         binds = mounts.bwrap_args(self.layout(cwd), perms="--perms" in info.options, sizes="--size" in info.options)
         if info.host_uid_switch:
-            command = [sys.executable, "-I", "-S", str(_DROP), str(SANDBOX_UID), str(SANDBOX_UID), *command]
+            binds += ["--ro-bind", str(_DROP), DROP_MOUNT]
+            command = [sys.executable, "-I", "-S", DROP_MOUNT, str(SANDBOX_UID), str(SANDBOX_UID), *command]
         return [exe, *self.namespace_args(), *binds, "--chdir", str(cwd), "--", *command]
 
     def record(self, cwd: Path) -> dict[str, object]:
