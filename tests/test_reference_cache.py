@@ -100,8 +100,8 @@ def test_a_reference_timing_with_high_variance_is_not_cached(tmp_path, monkeypat
     timed: list[float] = []
     cv = {"value": 1.16}
 
-    def scattered(self, config, seed):
-        got = real(self, config, seed)
+    def scattered(self, config, seed, plan):
+        got = real(self, config, seed, plan)
         timed.append(got.median_ms)
         return got.model_copy(update={"cv": cv["value"]})
 
