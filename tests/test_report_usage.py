@@ -13,6 +13,7 @@ from agent.report.build import build
 from agent.report.html import to_html
 from agent.report.markdown import to_markdown
 from agent.report.run_reader import read_run
+from harness.flags import CPU_TIMING_NOTE
 from tests.report_support import OUTCOMES, html_rows, make_run, md_rows
 
 HEADLINE = "| condition | problems | samples |"
@@ -91,16 +92,19 @@ def test_notes_on_what_is_not_comparable(tmp_path: Path, capsys):
     assert cli.main(["report", str(a), str(b)]) == 2  # refused: the manifests differ in device and world size
     assert "differ in device, world_size besides the compared run" in capsys.readouterr().err
     data = report_json(capsys, a, b, "--force")
-    assert data["notes"][:3] == [
+    assert data["notes"][:4] == [
         "the runs differ in device (run-a: cpu, run-b: cuda): their speedups and costs are not comparable",
         "the runs differ in world size (run-a: 2, run-b: 4): their speedups and costs are not comparable",
+        f"run run-a ran on CPU: {CPU_TIMING_NOTE}; its fast_p and speedups show that the pipeline works, not how "
+        "fast a kernel is",  # run-b ran on CUDA: no such note
         "run run-b: no sample yet for agent:bench",
     ]
-    assert "marked †" in data["notes"][3]
+    assert "marked †" in data["notes"][4]
     rep = build([read_run(a), read_run(b)], force=True)
     assert "Note: run run-b: no sample yet for agent:bench." in to_markdown(rep)
     assert '<p class="note">Note: the runs differ in device (run-a: cpu, run-b: cuda)' in to_html(rep)
-    assert build([read_run(a), read_run(make_run(tmp_path, "run-c"))]).data["notes"] == []
+    assert [n for n in build([read_run(a), read_run(make_run(tmp_path, "run-c"))]).data["notes"]
+            if CPU_TIMING_NOTE not in n] == []  # two CPU runs alike: nothing but what CPU timings are
 
 
 def test_runs_sharing_a_run_id_get_distinct_labels(tmp_path: Path):
@@ -140,7 +144,8 @@ def test_speedups_an_integrity_flag_disqualifies_are_said_not_to_count(tmp_path:
     assert sorted(agent["speedups"]) == [0.9, 1.1, 1.4, 1.9, 2.4]
     assert agent["pass_at_k"]["mean"] == 1.0  # still correct
     assert agent["fast_1_5_at_k"]["mean"] == pytest.approx(1 / 3)  # only ulysses' 2.4x/1.9x now
-    assert data["notes"] == ["agent:check+compile: the speedups of 2 correct sample(s) do not count toward "
-                             "fast_p or the speedup figures (uses_torch_collectives ×2)"]
+    assert [n for n in data["notes"] if CPU_TIMING_NOTE not in n] == [
+        "agent:check+compile: the speedups of 2 correct sample(s) do not count toward fast_p or the speedup figures "
+        "(uses_torch_collectives ×2)"]
     page = to_html(build([read_run(run)]))
     assert page.count("x (not counted)") == 2 and "1.60x (not counted)" in page
