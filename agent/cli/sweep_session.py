@@ -221,7 +221,8 @@ def _ceiling_row(name: str, c: plan.Ceiling) -> list[str]:
 def print_dry_run(sweep: Sweep, planned: Sequence[Planned], problems: Sequence[Problem], skipped: list[str]) -> None:
     matrix = Table(title=plain(f"sweep {sweep.name}: {len(planned)} cells, {len(problems)} problem(s): "
                                f"{', '.join(p.name for p in problems)}"))
-    for col in ("cell", "kind", "model", "condition / proposer", "seed", "samples"):
+    matrix.add_column("cell", no_wrap=True)  # a cell's id stays whole: it names the cell's folder
+    for col in ("kind", "model", "condition / proposer", "seed", "samples"):
         matrix.add_column(col)
     for p in planned:
         matrix.add_row(plain(p.cell.id), p.cell.kind, plain(p.cell.model), plain(p.cell.condition), str(p.cell.seed),
@@ -343,8 +344,8 @@ def _search_cell(p: Planned, directory: SweepDir) -> str:
 def print_outcomes(sweep: Sweep, outcomes: Sequence[tuple[Planned, str]], directory: SweepDir) -> None:
     table = Table(title=plain(f"sweep {sweep.name}: {sum(1 for _, o in outcomes if not o.startswith('unfinished'))}"
                               f" of {len(outcomes)} cells ended"))
-    for col in ("cell", "outcome"):
-        table.add_column(col)
+    table.add_column("cell", no_wrap=True)  # whole: it names the cell's folder
+    table.add_column("outcome")
     for p, outcome in outcomes:
         table.add_row(plain(p.cell.id), plain(outcome))
     console.print(table)
