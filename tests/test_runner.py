@@ -272,6 +272,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     _fails(capsys, ok, "already exists", "--resume")
     _fails(capsys, [*ok, "--resume", "--samples", "3"], "was started with samples 1")
     assert cli_run.main([*ok, "--resume"]) == 0
+    assert "all 1 samples are finished; nothing left to run" in capsys.readouterr().err  # --resume says so
 
     # an unreachable base URL: said so after the retries
     url = f"http://127.0.0.1:{_closed_port()}/v1"
