@@ -55,7 +55,7 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 COMM_WORDS = ("nccl", "symm", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter",
               "reducescatter", "all_to_all", "alltoall", "broadcast", "sendrecv", "send_recv", "p2p", "peer",
               "ptop", "push", "pull", "barrier", "signal", "multimem", "nvshmem", "dispatch", "combine",
-              "c10d::", "gloo:")
+              "c10d::", "gloo:", "pkbhost:")
 GAP_US = 1.0  # idle stretches shorter than this are launch jitter, not gaps worth reporting
 TOP_KERNELS = 12
 
