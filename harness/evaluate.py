@@ -574,8 +574,7 @@ class _Evaluation:
         """A kept output and its note, gone from the scratch (through the held folder: no link followed)."""
         with self.candidate_files("timing"):
             for name in (path, path.with_suffix(".issue")):
-                if files.exists(name):
-                    files.unlink(name)
+                files.unlink(name)  # nothing there is fine
 
     @contextlib.contextmanager
     def candidate_files(self, phase: str) -> Iterator[None]:

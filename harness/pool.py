@@ -99,6 +99,8 @@ class Hang(RuntimeError):
 # owner (pid and process start time, so a recycled pid is not mistaken for it) and, on start, removes
 # the folders whose owner is gone.
 FOLDER_PREFIX = "pkb-pool-"
+# The candidate's own folders in its scratch (TMPDIR, caches, HOME), made when the pool starts.
+SCRATCH_DIRS = ("tmp", "cache", "home")
 # Every rank of a pool, and so everything a rank starts, carries POOL_MARKER=<random hex> in its
 # environment; the owner file keeps it, so what outlived a killed harness can be found too.
 POOL_MARKER = "PKB_POOL"
@@ -385,7 +387,7 @@ class RankPool:
         if self._host_uid_switch:
             os.chmod(scratch, 0o1777)
         self.scratch_files = files = hostile_files.Folder.open(scratch)
-        for sub in ("tmp", "cache", "home"):
+        for sub in SCRATCH_DIRS:
             files.make_dir(sub, 0o700)
             self._give_to_sandbox(scratch / sub)
         if self.extensions is not None:
