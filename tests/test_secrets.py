@@ -33,11 +33,13 @@ LEAKERS = [EXPLOITS / "leak_secrets.py", EXPLOITS / "link_environ_at_issue.py"]
 LINKER = """import os, sys
 from pathlib import Path
 import torch.distributed as dist
+from harness.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE
 
 _kept = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent / "kept"
 _kept.mkdir(exist_ok=True)
 _rank = int(sys.argv[sys.argv.index("--rank") + 1])
-for _n in range(1, 600):
+_first = TIMING_TRIAL_BASE + TIMED_CALL_OFFSET  # the trial number of the timing phase's first call
+for _n in range(_first, _first + 600):
     try:
         os.symlink("/proc/self/environ", _kept / f"kept-{_n}-r{_rank}.issue")
     except FileExistsError:
