@@ -1,4 +1,4 @@
-"""The agent's `profile` tool on a GPU: its answer for two expert kernels, with Nsight Compute's counters, and how
+"""The agent's `profile` tool on a GPU: its answer for expert kernels (EXPERTS), with Nsight Compute's counters, and how
 long it takes; the raw Nsight Compute exports are kept as test fixtures.
 
     python benchmarks/gpu_profile_tool.py --out OUTDIR [--world-size 2] [--ranks-per-gpu auto] [--shape default]
@@ -40,8 +40,11 @@ from tools import profile as profile_tool  # noqa: E402
 from tools.base import ToolContext  # noqa: E402
 from tools.dispatch import run_tool  # noqa: E402
 
+# Kernels whose cross-rank waits survive Nsight's kernel replay on one rank. reduce_scatter__pull is left out:
+# on 2026-12-01 its replayed passes had not finished when the 120 s Nsight budget ran out (docs/profiling.md).
 EXPERTS = [("all_reduce", "problems/collective/solutions/all_reduce__one_shot.py"),
-           ("reduce_scatter", "problems/collective/solutions/reduce_scatter__pull.py")]
+           ("all_reduce_residual_rmsnorm", "problems/tensor/solutions/all_reduce_residual_rmsnorm__one_shot.py"),
+           ("all_gather", "problems/collective/solutions/all_gather__pull.py")]
 DRY_CANDIDATE = ("all_reduce", "tests/candidates/correct_all_gather_sum.py")  # PyTorch only: runs on CPU
 
 
@@ -132,7 +135,7 @@ def main() -> int:
             else int(args.ranks_per_gpu)
         suite = load_suite()
         built_at = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:  # both builds at once, before any rank starts
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:  # all builds at once, before any rank starts
             built = list(pool.map(lambda job: compile_candidate(ROOT / job[1], 600.0, "cuda",
                                                                 problem=get(suite, job[0]).loader_spec), jobs))
         print(json.dumps({"prebuilt": [b.ok for b in built], "seconds": round(time.perf_counter() - built_at, 1)}),

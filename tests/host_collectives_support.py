@@ -464,6 +464,29 @@ def _compare(got: list[torch.Tensor], want: list[torch.Tensor]) -> str | None:
     return None
 
 
+def _threads_seen(c: Ctx) -> dict[str, int]:
+    """torch's thread count inside an operation's reduction and after it, with the caller at 3 threads."""
+    from harness.emulation.collectives import group
+
+    seen: dict[str, int] = {}
+    combine = group.rules.combine
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen["during"] = torch.get_num_threads()
+        return combine(*args, **kwargs)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    group.rules.combine = spy  # type: ignore[assignment]
+    try:
+        dist.all_reduce(torch.ones(8), group=c.ours)
+    finally:
+        group.rules.combine = combine  # type: ignore[assignment]
+    seen["after"] = torch.get_num_threads()
+    torch.set_num_threads(before)
+    return seen
+
+
 def main(argv: list[str]) -> None:
     rank, world, init, out = int(argv[0]), int(argv[1]), argv[2], argv[3]
     warnings.simplefilter("ignore")
@@ -496,6 +519,7 @@ def main(argv: list[str]) -> None:
     dist.all_reduce(t)
     report["after_refusals"] = t.item()
     report["sequence"] = ctx.ours._get_sequence_number_for_group()
+    report["threads"] = _threads_seen(ctx)
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     dist.destroy_process_group()
