@@ -1,7 +1,7 @@
 """LangGraph checkpoints without secrets: the checkpointer's serializer, redacting what it writes.
 
 The checkpoints hold every message of an agent thread, tool answers included, and a tool answer can
-carry what a candidate managed to read. Each serialized checkpoint passes harness.redaction before it
+carry what a candidate managed to read. Each serialized checkpoint passes harness.records.redaction before it
 reaches the SQLite file; values are masked in place (same length), because the serialized form
 (msgpack) records the length of every string.
 """
@@ -13,7 +13,7 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from harness.redaction import redact_bytes
+from harness.records.redaction import redact_bytes
 
 
 class RedactingSerializer:

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import structlog
 
-from harness.redaction import redact_text
+from harness.records.redaction import redact_text
 
 
 def _redacted(logger: Any, method: str, line: Any) -> Any:

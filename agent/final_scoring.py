@@ -2,7 +2,7 @@
 trajectory (pure helpers; agent.graph's score node runs the evaluations).
 
 - **Held-out shapes.** A problem declares, for each visible shape, a held-out one of the same meaning and
-  another size (harness.problem: PROBLEM["held_out"], `held-out:<shape>`); the tools never use it. Once the
+  another size (harness.problems.problem: PROBLEM["held_out"], `held-out:<shape>`); the tools never use it. Once the
   scored file is correct at the visible shape it is checked there too (correctness only, no timing), each
   held-out shape with a fresh seed of its own. A sample is correct only if correct on every shape;
   sample.json keeps both figures (`correct_visible`, `held_out`).

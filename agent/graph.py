@@ -66,12 +66,12 @@ from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.tool_calls import candidate_entry, reply_candidate, run_tool_call, tool_context
 from agent.usage import usage_of
-from harness import failures
-from harness.compile import compile_candidate
+from harness.common import failures
+from harness.compiling.compile import compile_candidate
 from harness.config import EvalConfig
 from harness.evaluate import evaluate
-from harness.problem import Problem
-from harness.results import EvalResult
+from harness.problems.problem import Problem
+from harness.records.results import EvalResult
 from tools import bash as shell
 from tools.langchain_tools import make_tools
 

@@ -10,7 +10,7 @@
      "seed": 0, "trials": 5, "budgets": {...}, "samples": 3, "device": "cuda", "world_size": 2,
      "ranks_per_gpu": 1, "shape": "default", "skip_timing": false, "guide_in_prompt": true, ...,
      "executor": "local",
-     "hardware": {"fingerprint": "<harness.environment.hardware_key>", "gpus": [...], "gpu_count": 1,
+     "hardware": {"fingerprint": "<harness.records.environment.hardware_key>", "gpus": [...], "gpu_count": 1,
                   "cpu_count": 16, "platform": "..."}}
 
 `code.dirty` says whether the project's working tree differed from its commit when the run was created;
@@ -99,8 +99,8 @@ def prompts_digest(hashes: Mapping[str, str]) -> str:
 
 
 def hardware(env: Mapping[str, Any]) -> dict[str, Any]:
-    """What changes timings, with one fingerprint over it (harness.environment.hardware_key)."""
-    from harness.environment import hardware_key  # torch: only when a manifest is written
+    """What changes timings, with one fingerprint over it (harness.records.environment.hardware_key)."""
+    from harness.records.environment import hardware_key  # torch: only when a manifest is written
 
     return {"fingerprint": hardware_key(dict(env)), "gpus": env.get("gpus"), "gpu_count": env.get("gpu_count"),
             "driver": env.get("driver"), "cuda": env.get("cuda"), "cpu_count": env.get("cpu_count"),
@@ -126,7 +126,7 @@ def build(config: Mapping[str, Any], *, problem_hashes: Mapping[str, str], promp
 
 
 def problem_hashes(problems: Iterable[Any]) -> dict[str, str]:
-    """name -> the hash of everything that defines its reference (harness.problem.Problem.source_sha256)."""
+    """name -> the hash of everything that defines its reference (harness.problems.problem.Problem.source_sha256)."""
     return {p.name: p.source_sha256 for p in problems}
 
 

@@ -4,7 +4,8 @@ Two layouts are read:
 - ours: DIR/<problem>.py, or DIR/<problem>/<anything>.py for several solutions of one problem (a problem
   may have both; files sort by path);
 - PKB's: DIR/<id>_<name>_<backend>.py, for problems loaded from a PKB checkout (`--source pkb:PATH`),
-  matched by name first (harness.parallelkernelbench.solutions: stem, known renames, renumbered names, then signature;
+  matched by name first (harness.problems.parallelkernelbench.solutions: stem, known renames, renumbered names, then
+  signature;
   never by the number alone). Every file of the folder is accounted for in `ReplaySet.matches`, matched
   or not, with the reason; `pkb run` prints the unmatched ones and saves them all in the run folder.
 
@@ -21,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.parallelkernelbench import checkout, solutions
-from harness.parallelkernelbench.solutions import Match, tally
-from harness.problem import Problem
+from harness.problems.parallelkernelbench import checkout, solutions
+from harness.problems.parallelkernelbench.solutions import Match, tally
+from harness.problems.problem import Problem
 
 OURS = "pkb-agent"
 PKB = "pkb"

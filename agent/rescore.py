@@ -23,7 +23,7 @@ from agent.graph import score_file, score_held_out
 from agent.rundir import FINISHED, RunDir, read_json, write_json_atomic
 from agent.runner import RunConfig
 from agent.scheduler import DeviceScheduler
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 RESCORED_FILE = "rescored.json"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.redaction import redact_bytes
+from harness.records.redaction import redact_bytes
 
 RUN_SCHEMA = "pkb-run/1"
 SAMPLE_SCHEMA = "pkb-sample/1"
@@ -42,7 +42,7 @@ FILE_MODE = 0o666 & ~_umask()
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Every record, transcript and report of a run goes through here: redacted (harness.redaction: no value
+    """Every record, transcript and report of a run goes through here: redacted (harness.records.redaction: no value
     of the harness's secret environment variables is written), then written atomically."""
     data = redact_bytes(data)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -73,12 +73,14 @@ from agent.scripted import ScriptedChatModel
 from agent.tool_calls import tool_context
 from agent.usage import PriceTable
 from agent.versions import versions
-from harness import cancel, failures, topology
+from harness import cancel
+from harness.common import failures
+from harness.common.flags import is_emulated
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
-from harness.environment import environment
-from harness.flags import is_emulated
-from harness.problem import Problem
+from harness.measure import topology
+from harness.problems.problem import Problem
+from harness.records.environment import environment
 from tools.bash import prepare as prepare_shell
 
 
@@ -255,7 +257,7 @@ def load_run_config(run_dir: RunDir) -> RunConfig:
 
 # -- records ----------------------------------------------------------------------------------------
 def roofline_fraction(result: dict[str, Any] | None) -> float | None:
-    """The candidate's fraction of the hardware bound (harness.roofline: roofline.candidate.fraction)."""
+    """The candidate's fraction of the hardware bound (harness.measure.roofline: roofline.candidate.fraction)."""
     roofline = (result or {}).get("roofline")
     achieved = roofline.get("candidate") if isinstance(roofline, dict) else None
     value = achieved.get("fraction") if isinstance(achieved, dict) else None
@@ -286,7 +288,7 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "held_out": {"correct": overall["held_out_correct"], "shapes": list(state.get("held_out") or [])},
         "speedup": result.get("speedup") if result else None,
         "flags": list(result.get("flags") or []) if result else [],
-        # False when an integrity flag (harness.integrity.SPEEDUP_DISQUALIFIERS) voids the speedup for fast_p;
+        # False when an integrity flag (harness.common.integrity.SPEEDUP_DISQUALIFIERS) voids the speedup for fast_p;
         # results written before the harness had the field count as eligible.
         "fast_eligible": bool(result.get("fast_eligible", True)) if result else False,
         # True when ranks shared GPUs (harness.emulation): the speedup is recorded, never counted.

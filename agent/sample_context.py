@@ -17,7 +17,7 @@ from agent.rundir import SampleDir
 from agent.scheduler import DeviceScheduler
 from agent.usage import PriceTable
 from harness.config import EvalConfig
-from harness.problem import Problem
+from harness.problems.problem import Problem
 from prompts import SHELL_SOLUTION
 
 

@@ -31,7 +31,7 @@ from agent.runner import RunConfig, Runner, create_run  # noqa: E402
 from agent.scheduler import DeviceScheduler  # noqa: E402
 from agent.usage import load_price_table  # noqa: E402
 from harness.config import EvalConfig  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
+from harness.problems.registry import get, load_suite  # noqa: E402
 from tests.fakes.anthropic_api import AnthropicFake, AnthropicModel  # noqa: E402
 from tests.fakes.openai_api import OpenAIFake, OpenAIModel  # noqa: E402
 from tests.fakes.session import EXPERT, FakeExecutor, session_brain  # noqa: E402

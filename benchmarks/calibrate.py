@@ -16,13 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.pool import SAFE_ENV  # noqa: E402
+from harness.launch.pool import SAFE_ENV  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # before torch touches a GPU: NVLink multicast stays off
 
 from harness.config import TimingConfig  # noqa: E402
-from harness.environment import hardware_key  # noqa: E402
-from harness.topology import MiB, Profile, calibrate, ceilings, discover, save  # noqa: E402
+from harness.measure.topology import MiB, Profile, calibrate, ceilings, discover, save  # noqa: E402
+from harness.records.environment import hardware_key  # noqa: E402
 
 
 def main() -> int:

@@ -35,7 +35,7 @@ ONE = """
 import json, sys, time
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 device, shape = sys.argv[2], sys.argv[3]
 problem = get(load_suite(), "all_reduce")
 started = time.perf_counter()

@@ -11,7 +11,7 @@ whole recorded set at a given concurrency (issue 30). One command, a wall budget
    9.0, -O3, a fresh TORCH_EXTENSIONS_DIR, no compiler cache), with nvcc's own per-step times
    (NVCC_APPEND_FLAGS=--time: cudafe++, cicc, ptxas, the host compile) and the binding side (main.cpp);
    wall and CPU seconds of the whole build.
-2. The set: the harness's compile stage (harness.compile.compile_candidate: syntax, the sandboxed import, the
+2. The set: the harness's compile stage (harness.compiling.compile.compile_candidate: syntax, the sandboxed import, the
    builds it discovers) on every file, --concurrency at once, with an empty compile cache: seconds per file
    (median, p90), and each file's verdict (ok, or compile_error with the compiler's first error line), which
    --compare OLD.json checks file by file against an earlier run of this script.
@@ -103,7 +103,7 @@ def phases(kernel: Path, scratch: Path, dry: bool) -> dict[str, Any]:
 
 
 def compile_stage(path: Path, problem: str, limit: float) -> dict[str, Any]:
-    from harness.compile import compile_candidate
+    from harness.compiling.compile import compile_candidate
 
     started = time.perf_counter()
     try:
@@ -121,7 +121,7 @@ def compile_stage(path: Path, problem: str, limit: float) -> dict[str, Any]:
 
 def whole_set(args: argparse.Namespace, deadline: float) -> list[dict[str, Any]]:
     sys.path.insert(0, str(REPO))
-    from harness.parallelkernelbench import checkout, solutions
+    from harness.problems.parallelkernelbench import checkout, solutions
 
     problems = {p.name: p for p in checkout.list_problems(args.checkout)}
     # Each file's problem as the replay pairs it (older numbering, renames): its checkout must be importable.

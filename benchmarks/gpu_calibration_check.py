@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import topology  # noqa: E402
+from harness.measure import topology  # noqa: E402
 
 GiB = 1 << 30
 

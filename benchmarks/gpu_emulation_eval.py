@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
+from harness.problems.registry import get, load_suite  # noqa: E402
 
 EXPLOITS = ["gpu_race_no_barrier.py", "gpu_stale_epoch.py", "gpu_side_stream.py", "gpu_copy_engine_side.py",
             "gpu_illegal_address.py"]
@@ -61,7 +61,7 @@ def main() -> int:
     # evaluations then find their builds in the cache.
     from concurrent.futures import ThreadPoolExecutor
 
-    from harness.compile import compile_candidate
+    from harness.compiling.compile import compile_candidate
 
     files = {f: get(suite, f.stem.split("__")[0]).loader_spec for f in sorted(ROOT.glob("problems/*/solutions/*.py"))}
     for name in EXPLOITS:

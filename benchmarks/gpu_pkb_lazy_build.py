@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
-from harness.parallelkernelbench import checkout  # noqa: E402
+from harness.problems.parallelkernelbench import checkout  # noqa: E402
 
 
 def main() -> int:

@@ -32,10 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import ncu, nsys  # noqa: E402
-from harness.compile import compile_candidate  # noqa: E402
+from harness.compiling.compile import compile_candidate  # noqa: E402
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
+from harness.measure import ncu, nsys  # noqa: E402
+from harness.problems.registry import get, load_suite  # noqa: E402
 from tools import profile as profile_tool  # noqa: E402
 from tools.base import ToolContext  # noqa: E402
 from tools.dispatch import run_tool  # noqa: E402

@@ -72,7 +72,7 @@ import json, sys, time
 from pathlib import Path
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 suite = load_suite()
 print("READY", flush=True)
 for line in sys.stdin:
@@ -145,9 +145,9 @@ def refill_cost(problem_name: str, shape_name: str, device: str, repeats: int = 
     does before every iteration: device time (CUDA events) and host time, medians."""
     import torch
 
+    from harness.common.seeds import fill_recipe
+    from harness.problems.registry import get, load_suite
     from harness.rank import refill
-    from harness.registry import get, load_suite
-    from harness.seeds import fill_recipe
 
     problem = get(load_suite(), problem_name)
     dev = torch.device(device)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def rank_main(rank: int, args: argparse.Namespace, init_file: str) -> None:
-    from harness.registry import get, load_suite  # in the child, after spawn
+    from harness.problems.registry import get, load_suite  # in the child, after spawn
     from harness.timing import time_function
 
     faulthandler.dump_traceback_later(args.stall_s, repeat=True)

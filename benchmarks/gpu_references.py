@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.config import TimingConfig  # noqa: E402
-from harness.pool import Hang, RankPool  # noqa: E402
-from harness.registry import load_suite, select  # noqa: E402
-from harness.roofline import RooflineError, time_reference  # noqa: E402
+from harness.launch.pool import Hang, RankPool  # noqa: E402
+from harness.measure.roofline import RooflineError, time_reference  # noqa: E402
+from harness.problems.registry import load_suite, select  # noqa: E402
 
 
 def main() -> int:

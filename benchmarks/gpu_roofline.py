@@ -22,13 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import ncu as nsight  # noqa: E402
 from harness.config import EvalConfig, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
-from harness.pool import Hang, PoolError, RankPool  # noqa: E402
-from harness.profiling import ProfileError, profile, render_text  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
-from harness.roofline import (  # noqa: E402
+from harness.launch.pool import Hang, PoolError, RankPool  # noqa: E402
+from harness.measure import ncu as nsight  # noqa: E402
+from harness.measure.profiling import ProfileError, profile, render_text  # noqa: E402
+from harness.measure.roofline import (  # noqa: E402
     RooflineError,
     fmt_bytes,
     fmt_time,
@@ -37,6 +36,7 @@ from harness.roofline import (  # noqa: E402
     time_reference,
     trace_reference,
 )
+from harness.problems.registry import get, load_suite  # noqa: E402
 
 SOLUTIONS = [ROOT / "problems" / "collective" / "solutions", ROOT / "problems" / "tensor" / "solutions"]
 # NCCL references: every collective problem at its default shape, all_reduce across sizes up to 1 GiB.

@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
-from harness.sandbox import policy, probe  # noqa: E402
-from harness.sandbox.limits import SandboxLimits  # noqa: E402
-from harness.sandbox.memory import memory_cgroup_parent  # noqa: E402
-from harness.sandbox.private import private_folder, remove_private  # noqa: E402
+from harness.launch.sandbox import policy, probe  # noqa: E402
+from harness.launch.sandbox.limits import SandboxLimits  # noqa: E402
+from harness.launch.sandbox.memory import memory_cgroup_parent  # noqa: E402
+from harness.launch.sandbox.private import private_folder, remove_private  # noqa: E402
+from harness.problems.registry import get, load_suite  # noqa: E402
 
 EXPLOITS = ROOT / "tests" / "exploits"
 CANDIDATES = ROOT / "tests" / "candidates"

@@ -1,4 +1,4 @@
-"""How many builds of a PKB solution set harness.builds finds ahead of the first call (CPU, nothing built).
+"""How many builds of a PKB solution set harness.compiling.builds finds ahead of the first call (CPU, nothing built).
 
     python benchmarks/pkb_build_discovery.py CHECKOUT SOLUTIONS_DIR [SOLUTIONS_DIR ...] [--json OUT]
 
@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 def scan_set(checkout: Path, directory: Path) -> dict:
     """Runs in the child: import each file, find its builds."""
     sys.path.insert(0, str(REPO))
-    from harness import builds
-    from harness.parallelkernelbench.checkout import ensure_importable
-    from harness.problem import import_file, module_name_for
+    from harness.compiling import builds
+    from harness.problems.parallelkernelbench.checkout import ensure_importable
+    from harness.problems.problem import import_file, module_name_for
 
     ensure_importable(checkout.resolve())
     rows = []

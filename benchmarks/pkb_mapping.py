@@ -1,4 +1,5 @@
-"""How harness.parallelkernelbench.solutions pairs the files of PKB solution sets with a checkout's references, as
+"""How harness.problems.parallelkernelbench.solutions pairs the files of PKB solution sets with a checkout's
+references, as
 a table.
 
     python benchmarks/pkb_mapping.py CHECKOUT SET [SET ...] [--markdown OUT.md] [--old-numbering]
@@ -7,7 +8,8 @@ One row per file name, one column per set (how it was matched; '-' where the set
 the reference it was paired with. Then two checks that the pairing is right, independent of the matcher:
 - signature: every paired file's `solution` has the reference's parameter names (read with ast);
 - --old-numbering: the first public commit's sets number files up to 32 like the references and from 34
-  up one ahead, with the renames of harness/parallelkernelbench/renames.json; every pairing must agree with that rule.
+  up one ahead, with the renames of harness/problems/parallelkernelbench/renames.json; every pairing must agree with
+  that rule.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def main() -> int:
     parser.add_argument("--old-numbering", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from harness.parallelkernelbench import checkout, solutions
+    from harness.problems.parallelkernelbench import checkout, solutions
 
     problems = checkout.list_problems(args.checkout)
     references = {p.name: p for p in problems}

@@ -7,7 +7,7 @@ Each problem runs in a child process through harness.evaluate.evaluate, so one t
 out of memory or hangs past --timeout is a row of the table, not the end of the run. Every process of that
 child (the ranks included) is held to --memory-gib of address space: PKB's 68 allocates about 13 GiB a
 rank even at the small shape, which would otherwise take a shared CPU machine down. A reference that cannot
-run here gets its reason: the environment (harness.requirements.environment_issue, the reason the lead's
+run here gets its reason: the environment (harness.compiling.requirements.environment_issue, the reason the lead's
 evaluate() reports as infra_error once wired), or the verdict and the first line of the failure.
 
 Writes a Markdown table (problem, verdict, seconds, reason) and JSON; results go in docs/pkb.md.
@@ -33,10 +33,10 @@ REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")
 def judge_one(spec: str, world_size: int, shape: str, trials: int, timing: bool) -> dict[str, Any]:
     """In the child: evaluate one reference against itself; everything the table needs, as JSON."""
     sys.path.insert(0, str(REPO))
+    from harness.compiling.requirements import environment_issue
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate
-    from harness.registry import load_problem_spec
-    from harness.requirements import environment_issue
+    from harness.problems.registry import load_problem_spec
 
     problem = load_problem_spec(spec)
     row: dict[str, Any] = {"problem": problem.name,
@@ -129,7 +129,7 @@ def main() -> int:
         print(json.dumps(judge_one(args.one, args.world_size, args.shape, args.trials, args.timing)))
         return 0
     sys.path.insert(0, str(REPO))
-    from harness.parallelkernelbench import checkout
+    from harness.problems.parallelkernelbench import checkout
 
     problems = checkout.list_problems(args.checkout)
     if args.problems:

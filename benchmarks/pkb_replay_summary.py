@@ -4,7 +4,7 @@
 
 Per run: files of the set and how they were matched (replay_matches.json), samples finished or not, the
 verdicts, samples whose record carries an internal error (a crashed sample), and how many samples
-harness.requirements.environment_issue would have made `infra_error` on this machine (the reason, counted).
+harness.compiling.requirements.environment_issue would have made `infra_error` on this machine (the reason, counted).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def summarize(run: Path) -> str:
     sys.path.insert(0, str(REPO))
-    from harness.registry import load_problem_spec
-    from harness.requirements import environment_issue
+    from harness.compiling.requirements import environment_issue
+    from harness.problems.registry import load_problem_spec
 
     config = json.loads((run / "run.json").read_text())["config"]
     matches = json.loads((run / "replay_matches.json").read_text())

@@ -7,14 +7,14 @@
     python benchmarks/pkb_side_by_side.py --render OUTDIR/pkb_side_by_side.json   # Markdown again from the JSON
 
 For each solution set (default: the three recorded cuda sets of the first public commit, GPT-5.5, Claude
-Opus 4.7 and Gemini 3 Pro), every file is paired with its reference (harness.parallelkernelbench.solutions);
-files that are unmatched or use NVLink multicast (harness.parallelkernelbench.multicast: they must not run
+Opus 4.7 and Gemini 3 Pro), every file is paired with its reference (harness.problems.parallelkernelbench.solutions);
+files that are unmatched or use NVLink multicast (harness.problems.parallelkernelbench.multicast: they must not run
 on these machines) are skipped with their reason, and --per-set files are drawn from the rest (a seeded
 sample, --seed). The references of the current checkout (--head) are judged against themselves the same
 way (--references of them). Each candidate is scored by this harness (harness.evaluate.evaluate, the
-checkout's problem through --source-style loading, harness.parallelkernelbench.checkout) and by PKB's own
-(harness.parallelkernelbench.own_harness.score_with_pkb: the checkout's run_local.py under torchrun), at
-the same world size, shape, tolerance and trial count; harness.parallelkernelbench.rules names the rule
+checkout's problem through --source-style loading, harness.problems.parallelkernelbench.checkout) and by PKB's own
+(harness.problems.parallelkernelbench.own_harness.score_with_pkb: the checkout's run_local.py under torchrun), at
+the same world size, shape, tolerance and trial count; harness.problems.parallelkernelbench.rules names the rule
 behind every difference. Then --spread kernels that both harnesses found
 correct are timed --spread-repeats more times by each, for the spread of PKB's speedups against ours.
 
@@ -41,12 +41,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness.parallelkernelbench import checkout as pkb_checkout  # noqa: E402
-from harness.parallelkernelbench import solutions as pkb_solutions  # noqa: E402
-from harness.parallelkernelbench.multicast import multicast_reason  # noqa: E402
-from harness.parallelkernelbench.own_harness import score_with_pkb  # noqa: E402
-from harness.parallelkernelbench.rules import compare, load_rules  # noqa: E402
-from harness.problem import Problem  # noqa: E402
+from harness.problems.parallelkernelbench import checkout as pkb_checkout  # noqa: E402
+from harness.problems.parallelkernelbench import solutions as pkb_solutions  # noqa: E402
+from harness.problems.parallelkernelbench.multicast import multicast_reason  # noqa: E402
+from harness.problems.parallelkernelbench.own_harness import score_with_pkb  # noqa: E402
+from harness.problems.parallelkernelbench.rules import compare, load_rules  # noqa: E402
+from harness.problems.problem import Problem  # noqa: E402
 
 RECORDED_SETS = ("solutions_cuda_bf16_h100_8_openai_gpt-5.5", "solutions_cuda_bf16_h100_8_anthropic_claude-opus-4-7",
                  "solutions_cuda_bf16_h100_8_google_gemini-3-pro-preview")
@@ -254,7 +254,7 @@ def render(doc: dict[str, Any]) -> str:
         out.append("None.")
     used = sorted({d["rule"] for _, d in diffs} - {"unexplained"})
     if used:
-        out += ["", "The rules that made a difference here (harness/parallelkernelbench/rules.json):", ""]
+        out += ["", "The rules that made a difference here (harness/problems/parallelkernelbench/rules.json):", ""]
         out += [f"- `{rid}`: {book.explain(rid)}" for rid in used]
     out += ["", "## Every candidate", "", "| group | file | problem | ours | s | PKB | s | agree |",
             "|---|---|---|---|---|---|---|---|"]

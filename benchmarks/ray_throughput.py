@@ -78,7 +78,7 @@ def measure(nodes: int, args: argparse.Namespace, workdir: Path) -> list[dict[st
     from agent.executors.ray_cluster import RayExecutor
     from agent.executors.request import EvalRequest
     from harness.config import EvalConfig, TimingConfig
-    from harness.registry import get, load_suite
+    from harness.problems.registry import get, load_suite
 
     problem = get(load_suite(), "all_reduce")
     config = EvalConfig(trials=args.trials, timing=TimingConfig.for_device("cpu"))

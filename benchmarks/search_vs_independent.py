@@ -42,7 +42,7 @@ from agent.search.config import Limits, SearchConfig, StrategyConfig  # noqa: E4
 from agent.search.layout import SearchDir, create, is_search_dir, load_config  # noqa: E402
 from agent.search.loop import Search  # noqa: E402
 from agent.search.summary import problem_rows, throughput  # noqa: E402
-from harness.registry import load_suite, select  # noqa: E402
+from harness.problems.registry import load_suite, select  # noqa: E402
 
 CONTROL = "independent"
 

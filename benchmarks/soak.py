@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
-from harness.registry import get, load_suite  # noqa: E402
+from harness.problems.registry import get, load_suite  # noqa: E402
 
 CANDIDATES = ROOT / "tests" / "candidates"
 EXPLOITS = ROOT / "tests" / "exploits"

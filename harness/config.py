@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from harness.integrity import IntegrityConfig
+from harness.common.integrity import IntegrityConfig
 
 
 class TimingConfig(BaseModel):
@@ -55,7 +55,7 @@ class Limits(BaseModel):
 
 
 class IntegrityChecksBase(BaseModel):
-    """Settings of the integrity checks, made from harness.integrity.IntegrityConfig's fields (the one
+    """Settings of the integrity checks, made from harness.common.integrity.IntegrityConfig's fields (the one
     definition: the rank workers read that dataclass, they cannot import pydantic). A field left None takes
     the device's default (CPU and GPU differ in delays and margins); a misspelt name is an error, not a
     silently ignored setting."""

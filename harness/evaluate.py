@@ -32,28 +32,31 @@ from typing import Any
 
 import torch
 
-from harness import cancel, failures, hostile_files, integrity, reference_cache, requirements
-from harness.candidate import required_positional
-from harness.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
+from harness import cancel
+from harness.common import failures, hostile_files, integrity
+from harness.common.flags import EMULATED, fast_eligible
+from harness.common.integrity import IntegrityConfig
+from harness.common.seeds import TIMING_TRIAL_BASE, fill_recipe
+from harness.compiling import requirements
+from harness.compiling.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation.errors import parse_refusal, refusal_is_plausible
-from harness.environment import environment, hardware_key
-from harness.flags import EMULATED, fast_eligible
-from harness.integrity import IntegrityConfig
 from harness.judge import plausibility, timing, trials, watchdog
 from harness.judge.compare import compare_outputs
 from harness.judge.reference import ReferenceFailed, ReferenceRun
 from harness.judge.static_scan import static_scan
-from harness.parallelkernelbench import input_report
-from harness.pool import Hang, PoolError, RankMisbehaved, RankPool
-from harness.problem import Problem
+from harness.launch.pool import Hang, PoolError, RankMisbehaved, RankPool
+from harness.launch.sandbox import SandboxUnavailable
+from harness.launch.sandbox.limits import SandboxLimits
+from harness.launch.sandbox.private import private_folder, remove_private, stage_file
+from harness.problems.parallelkernelbench import input_report
+from harness.problems.problem import Problem
 from harness.rank import transport
-from harness.redaction import redact_value, secret_names
-from harness.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
-from harness.sandbox import SandboxUnavailable
-from harness.sandbox.limits import SandboxLimits
-from harness.sandbox.private import private_folder, remove_private, stage_file
-from harness.seeds import TIMING_TRIAL_BASE, fill_recipe
+from harness.rank.candidate import required_positional
+from harness.records import reference_cache
+from harness.records.environment import environment, hardware_key
+from harness.records.redaction import redact_value, secret_names
+from harness.records.results import CandidateInfo, Clock, EvalResult, Failure, Timings, TimingStats
 
 # The scratch folders the harness and the ranks exchange files through: calls (a call's inputs and the
 # ranks' outputs), sets (timing inputs: only the harness writes there), kept (timed outputs to judge).
@@ -90,7 +93,7 @@ def _failure_from(reply: dict[str, Any], phase: str) -> tuple[Failure, list[str]
 
 
 def redacted(result: EvalResult) -> EvalResult:
-    """The record with every value of the harness's secrets replaced (harness.redaction): its messages,
+    """The record with every value of the harness's secrets replaced (harness.records.redaction): its messages,
     evidence and stacks carry what candidate code printed or made the harness read."""
     if not secret_names():
         return result
@@ -133,7 +136,7 @@ class _Evaluation:
         self.salt = secrets.randbits(31) | 1
         self.rng = random.Random(secrets.randbits(64))
         self.evidence: dict[str, Any] = {"salt": self.salt, "checks": checks.to_dict()}
-        # Under the private root (harness.sandbox.private): no sandbox sees it, whatever TMPDIR is, except the
+        # Under the private root (harness.launch.sandbox.private): no sandbox sees it, whatever TMPDIR is, except the
         # read-only copy of the candidate the ranks import (its own folder is never bound).
         self.folder = private_folder("pkb-eval-")
         self.ref_dir = self.folder / "reference"

@@ -263,7 +263,7 @@ def _input_lines(spec: str, shape_name: str, world_size: int) -> str:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from harness.registry import load_problem_spec
+    from harness.problems.registry import load_problem_spec
 
     problem = load_problem_spec(spec)
     shape = problem.shape(shape_name)
@@ -294,7 +294,7 @@ def _gib(n: Any) -> str | None:
 def topology_summary(topology: dict[str, Any]) -> dict[str, Any]:
     """What the model needs from a topology record: GPUs, links, measured ceilings, multicast.
 
-    Takes a harness.topology Profile dump ({"topology": ..., "calibration": ...}, optionally with the
+    Takes a harness.measure.topology Profile dump ({"topology": ..., "calibration": ...}, optionally with the
     roofline's "ceilings"), or a bare Topology dump; anything else is passed through as it is."""
     topo = topology.get("topology", topology)
     if not isinstance(topo, dict) or "gpus" not in topo:

@@ -18,7 +18,7 @@ from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel, script_from_steps
 from agent.usage import PriceTable
 from harness.config import EvalConfig, TimingConfig
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES
 
 CORRECT = (CANDIDATES / "correct_all_gather_sum.py").read_text()

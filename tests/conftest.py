@@ -19,7 +19,7 @@ import torch
 
 CANDIDATES = Path(__file__).parent / "candidates"
 
-# The user's cache, as harness.cache_dir finds it without PKB_CACHE_DIR; the session's own, set before any test
+# The user's cache, as harness.records.cache_dir finds it without PKB_CACHE_DIR; the session's own, set before any test
 # module (or the harness) is imported. A PKB_CACHE_DIR the user exported is overridden too: it may be that one.
 USER_CACHE = Path.home() / ".cache" / "pkb-agent"
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="pkb-test-cache-"))
@@ -79,7 +79,7 @@ def _no_sandbox_where_none_works() -> None:
     # `pkb run` and `pkb search` refuse to run candidates without a working sandbox unless told so. On a
     # machine without bubblewrap the suite tells them so, as `--no-sandbox` would (the fallback is what such
     # a machine runs anyway, and every result records it); where bubblewrap works nothing changes.
-    from harness.sandbox import probe  # deferred: the session fixture, not every import of conftest
+    from harness.launch.sandbox import probe  # deferred: the session fixture, not every import of conftest
 
     if "PKB_SANDBOX" not in os.environ and probe().backend == "none":
         os.environ["PKB_SANDBOX"] = "off"

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.search import tunables
-from harness import failures
+from harness.common import failures
+from harness.common.flags import USES_TORCH_COLLECTIVES, fast_eligible
 from harness.config import EvalConfig
-from harness.flags import USES_TORCH_COLLECTIVES, fast_eligible
-from harness.problem import Problem
-from harness.results import CandidateInfo, EvalResult, Failure, Timings, TimingStats
+from harness.problems.problem import Problem
+from harness.records.results import CandidateInfo, EvalResult, Failure, Timings, TimingStats
 
 REFERENCE_MS = 0.3
 BOUND_MS = 0.01

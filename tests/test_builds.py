@@ -1,4 +1,5 @@
-"""harness.builds and harness.precompile: builds a candidate makes on its first call are found and made ahead."""
+"""harness.compiling.builds and harness.compiling.precompile: builds a candidate makes on its first call are found and
+made ahead."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import builds
-from harness.compile import parse_report
-from harness.parallelkernelbench import checkout
-from harness.problem import import_file, module_name_for
+from harness.compiling import builds
+from harness.compiling.compile import parse_report
+from harness.problems.parallelkernelbench import checkout
+from harness.problems.problem import import_file, module_name_for
 
 ODD = Path(__file__).parent / "fixtures" / "pkb_checkout_oddities"
 LAZY = ODD / "solutions_cuda_bf16_cpu_scripted_oldnumbers" / "1_all_reduce_cuda.py"
@@ -127,7 +128,7 @@ def test_cuda_builds_are_skipped_where_torch_has_no_cuda(tmp_path: Path):
 
 def _precompile(candidate: Path, extensions: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "harness.precompile", str(candidate), "--problem",
+    return subprocess.run([sys.executable, "-m", "harness.compiling.precompile", str(candidate), "--problem",
                            f"pkb:{ODD.resolve()}::1_all_reduce.py"], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
@@ -148,7 +149,8 @@ def test_precompile_builds_the_lazy_extension_into_the_cache_the_first_call_hits
     log = (extensions / "pkb_fixture_scaled_copy" / ".ninja_log").read_text()
     stamp = library.stat().st_mtime_ns
     first_call = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-                  "from harness.parallelkernelbench import checkout; from harness.problem import import_file\n"
+                  "from harness.problems.parallelkernelbench import checkout; "
+                  "from harness.problems.problem import import_file\n"
                   f"checkout.ensure_importable(__import__('pathlib').Path({str(ODD.resolve())!r}))\n"
                   f"m = import_file(__import__('pathlib').Path({str(LAZY)!r}), 'lazy')\n"
                   "import torch; print(m._get_ext().scaled_copy(torch.ones(2), 3.0).tolist())\n")

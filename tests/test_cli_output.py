@@ -83,7 +83,7 @@ def test_eval_help_says_what_world_size_trials_seed_and_device_are() -> None:
 ])
 def test_eval_states_the_sandbox_it_used(setting: str, expected: str, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.sandbox import probe
+    from harness.launch.sandbox import probe
 
     monkeypatch.setenv("PKB_SANDBOX", setting)
     assert main(["eval", "--problem", "all_reduce", "--solution", str(CANDIDATES / "correct_all_gather_sum.py"),

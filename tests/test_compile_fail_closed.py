@@ -1,4 +1,4 @@
-"""harness.compile fails closed: only a build its helper reported as a success, with exit code 0, is one;
+"""harness.compiling.compile fails closed: only a build its helper reported as a success, with exit code 0, is one;
 only that is cached; paths handed to the helper are absolute; a helper that crashes, reports nothing, or
 reports something its exit code contradicts is the candidate's compile_error."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import compile as build
-from harness.compile import cached_builds, compile_candidate, entry_for, parse_report
-from harness.hostile_files import Folder
-from harness.precompile import RESULT_MARKER
+from harness.common.hostile_files import Folder
+from harness.compiling import compile as build
+from harness.compiling.compile import cached_builds, compile_candidate, entry_for, parse_report
+from harness.compiling.precompile import RESULT_MARKER
 
 MARKER = "from torch.utils.cpp_extension import load_inline  # a native build: the helper runs\n"
 SYNTAX_ERROR = r'''import torch
@@ -142,7 +142,7 @@ def test_lazy_builds_are_kept_only_when_they_are_plain_files(tmp_path):
 
 def test_stopping_a_build_removes_only_its_own_locks(tmp_path):
     """The build folder is candidate-written: a folder linked from it leads to other builds' locks."""
-    from harness.channel import remove_build_locks
+    from harness.common.channel import remove_build_locks
 
     build_dir, elsewhere = tmp_path / "ext", tmp_path / "cache" / "other_build"
     (build_dir / "mine").mkdir(parents=True)

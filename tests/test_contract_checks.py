@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.contract_checks import input_issues
-from harness.problem import load_problem
+from harness.problems.contract_checks import input_issues
+from harness.problems.problem import load_problem
 from tests.registry_support import GOOD, write
 
 

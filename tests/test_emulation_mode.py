@@ -12,7 +12,7 @@ from agent.cli import emulation as cli_emulation
 from agent.cli.common import CliError
 from agent.report import metrics
 from agent.scheduler import DeviceScheduler, SchedulerError
-from harness import flags
+from harness.common import flags
 from harness.emulation import layout
 
 ROOT = Path(__file__).resolve().parent.parent

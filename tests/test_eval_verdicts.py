@@ -12,10 +12,10 @@ import pydantic
 import pytest
 
 from agent.cli import main as pkb
+from harness.common.integrity import IntegrityConfig
 from harness.config import EvalConfig, IntegrityChecks, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.integrity import IntegrityConfig
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children, processes_mentioning
 
 

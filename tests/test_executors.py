@@ -46,9 +46,9 @@ from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.problem import MalformedProblem, load_problem
-from harness.registry import get, load_suite
-from harness.results import EvalResult
+from harness.problems.problem import MalformedProblem, load_problem
+from harness.problems.registry import get, load_suite
+from harness.records.results import EvalResult
 from tests.agent_support import CORRECT, eval_config, fenced, scripted
 from tests.conftest import CANDIDATES, live_children, pid_alive
 
@@ -115,7 +115,7 @@ def solution(x):
 def deterministic(result: EvalResult) -> dict[str, Any]:
     """What must not depend on where an evaluation ran. Timings, stage times, environment and date may; so may
     error magnitudes and the messages that quote values: every evaluation draws its inputs with a fresh
-    secret salt (harness/integrity.py), so two local runs differ there too."""
+    secret salt (harness/common/integrity.py), so two local runs differ there too."""
     failure = result.failure
     return {
         "problem": result.problem, "category": result.category, "origin": result.origin, "shape": result.shape,
@@ -296,7 +296,7 @@ from agent.executors.reaper import reap_on_death
 
 scratch, pool = Path(sys.argv[1]), Path(sys.argv[2])
 with reap_on_death(scratch):
-    # A rank: a session leader whose command line names its rendezvous file, as harness.pool starts them.
+    # A rank: a session leader whose command line names its rendezvous file, as harness.launch.pool starts them.
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--init-file",
                              str(pool / "rendezvous")], start_new_session=True)
     (scratch / "rank.pid").write_text(str(rank.pid))

@@ -16,9 +16,9 @@ from agent.rescore import RESCORED_FILE, rescore_run
 from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
-from harness.parallelkernelbench import checkout
-from harness.problem import MalformedProblem, load_problem
-from harness.registry import discover, get, load_suite
+from harness.problems.parallelkernelbench import checkout
+from harness.problems.problem import MalformedProblem, load_problem
+from harness.problems.registry import discover, get, load_suite
 from tests.agent_support import CORRECT, eval_config, fenced, run_samples, scripted
 from tests.conftest import CANDIDATES
 
@@ -211,7 +211,7 @@ def test_pkb_prompt_zero_shot_and_bash_on_a_checkout(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_validate_checks_the_held_out_shape_against_the_oracle(tmp_path: Path) -> None:
-    from harness.validate import validate_problems
+    from harness.problems.validate import validate_problems
 
     problem = get(load_suite(), "all_reduce")
     rows = validate_problems([problem], [2], shape="small", trials=2)

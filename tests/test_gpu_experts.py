@@ -11,7 +11,7 @@ import pytest
 
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 
 ROOT = Path(__file__).resolve().parent.parent / "problems"

@@ -1,4 +1,4 @@
-"""harness.hostile_files: a link, a FIFO, a sparse file, a hard link or garbage where the trusted side reads
+"""harness.common.hostile_files: a link, a FIFO, a sparse file, a hard link or garbage where the trusted side reads
 or writes is refused in one line, never followed, never blocking, never read whole."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import hostile_files
-from harness.hostile_files import Folder, HostileFile, Missing, Planted, TooLarge, copy_tree_out, strict_json
+from harness.common import hostile_files
+from harness.common.hostile_files import Folder, HostileFile, Missing, Planted, TooLarge, copy_tree_out, strict_json
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@
 ends within its limits, and the candidate is charged wherever the plant reached the harness.
 
 The paths are not listed by hand. An honest evaluation runs first with two recorders: the hook of
-harness.hostile_files (every access through a held-open scratch) and a Python audit hook (every open,
+harness.common.hostile_files (every access through a held-open scratch) and a Python audit hook (every open,
 mkdir, remove, rename and copy by an absolute path in this process), which must see no access to a
-scratch that bypassed harness.hostile_files. The hook's record, its indices folded into patterns
+scratch that bypassed harness.common.hostile_files. The hook's record, its indices folded into patterns
 (`calls/c{i}-r{r}-out.bin`), is the list. Then one evaluation per (path, plant): the same hook plants the
 object at the path just before the harness touches it, as a candidate racing the harness would at best.
 """
@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from harness import hostile_files
+from harness.common import hostile_files
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import EXCHANGE_DIRS, evaluate
-from harness.pool import SCRATCH_DIRS
-from harness.registry import get, load_suite
-from harness.results import EvalResult
+from harness.launch.pool import SCRATCH_DIRS
+from harness.problems.registry import get, load_suite
+from harness.records.results import EvalResult
 from tests.conftest import CANDIDATES, live_children
 
 HONEST = CANDIDATES / "correct_all_gather_sum.py"
@@ -38,7 +38,7 @@ SCRATCH = re.compile(r"/pkb-pool-[^/]+/scratch(/.*)?$")
 FOLDS = [(re.compile(r"c\d+-r\d+"), "c{i}-r{r}"), (re.compile(r"kept-\d+-r\d+"), "kept-{n}-r{r}"),
          (re.compile(r"(set|fresh)\d+-r\d+"), r"\1{i}-r{r}")]
 PLANTS = ("symlink", "fifo", "sparse")
-# The scratch's folders the pool makes before it starts a rank (harness.pool, harness.evaluate): no candidate
+# The scratch's folders the pool makes before it starts a rank (harness.launch.pool, harness.evaluate): no candidate
 # code exists yet to plant anything in their place; later make_dir calls find the harness's own folder.
 MADE_AT_LAUNCH = {*SCRATCH_DIRS, *EXCHANGE_DIRS}
 LIMITS = Limits(check_s=60, time_s=90, load_s=60, start_s=60, grace_s=2)
@@ -58,7 +58,7 @@ def pattern(rel: str) -> str:
 
 
 def _audited(event: str, args: tuple[Any, ...]) -> None:
-    """Accesses by absolute path under a scratch that did not go through harness.hostile_files."""
+    """Accesses by absolute path under a scratch that did not go through harness.common.hostile_files."""
     if not _audit["on"] or event not in ("open", "os.mkdir", "os.remove", "os.rename", "shutil.copyfile",
                                          "os.truncate", "os.symlink", "os.link", "os.chmod"):
         return
@@ -104,7 +104,8 @@ def touched() -> dict[tuple[str, str], Path]:
             _audit["on"] = False
         assert result.verdict != "infra_error", result.failure
         assert result.correct == (candidate == HONEST), result.failure
-        assert _audit["bypass"] == [], f"accesses to a scratch that bypass harness.hostile_files: {_audit['bypass']}"
+        assert _audit["bypass"] == [], \
+            f"accesses to a scratch that bypass harness.common.hostile_files: {_audit['bypass']}"
     return seen
 
 

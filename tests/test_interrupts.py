@@ -27,7 +27,7 @@ from agent.scheduler import DeviceScheduler
 from harness import cancel
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.agent_support import run_samples, scripted
 from tests.conftest import CANDIDATES, live_children, processes_mentioning
 

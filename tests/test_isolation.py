@@ -22,19 +22,19 @@ from pathlib import Path
 import pytest
 
 import harness.rank.calls
-from harness import integrity
-from harness.channel import ReplySealer, open_sealed
-from harness.compile import compile_candidate, extensions_dir
+from harness.common import integrity
+from harness.common.channel import ReplySealer, open_sealed
+from harness.compiling.compile import compile_candidate, extensions_dir
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
-from harness.problem import load_problem
+from harness.launch.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
+from harness.launch.sandbox import SandboxPolicy, probe
+from harness.launch.sandbox.memory import memory_cgroup_parent
+from harness.launch.sandbox.private import stage_file
+from harness.problems.problem import load_problem
+from harness.problems.registry import get, load_suite
+from harness.problems.validate import validate_problems
 from harness.rank.tripwires import Guard
-from harness.registry import get, load_suite
-from harness.sandbox import SandboxPolicy, probe
-from harness.sandbox.memory import memory_cgroup_parent
-from harness.sandbox.private import stage_file
-from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
 
 EXPLOITS = Path(__file__).parent / "exploits"
@@ -432,7 +432,7 @@ def test_validate_reports_a_one_rank_failure_not_a_deadlock(tmp_path):
 
 KILLED_HARNESS = """
 import os, signal, sys
-from harness.pool import RankPool
+from harness.launch.pool import RankPool
 pool = RankPool(2, "cpu").start()
 print(" ".join(str(pid) for pid in pool.pids()), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # what `kill -9` of a pkb run does: no cleanup runs
@@ -445,7 +445,7 @@ def test_the_folder_of_a_harness_killed_mid_run_is_removed_by_the_next_pool(tmp_
                           timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     rank_pids = [int(p) for p in done.stdout.split()]
-    private = tmp_path / f"pkb-{os.geteuid()}"  # the private root in that TMPDIR (harness.sandbox.private)
+    private = tmp_path / f"pkb-{os.geteuid()}"  # the private root in that TMPDIR (harness.launch.sandbox.private)
     left = list(private.glob("pkb-pool-*"))
     assert len(left) == 1 and (left[0] / "owner").read_text().split()[0].isdigit()
     deadline = time.monotonic() + 30
@@ -515,7 +515,7 @@ def test_namespace_sweeps_never_reach_the_harness_namespace():
     """A pool sweeps the processes of its sandbox's PID namespace; asked about a process that lives in the
     harness's own namespace (bwrap after its sandbox died), it must answer with nothing, not with every
     process of the machine."""
-    from harness.sandbox.namespace import pid_namespace_members, sandbox_init
+    from harness.launch.sandbox.namespace import pid_namespace_members, sandbox_init
 
     assert pid_namespace_members(os.getpid()) == []
     sleeper = subprocess.Popen(["sleep", "30"])
@@ -654,7 +654,7 @@ def test_a_solution_saved_directly_in_tmp_is_judged(all_reduce, monkeypatch, san
 def test_memory_over_the_limit_is_caught_by_the_watchdog_without_a_cgroup(all_reduce, monkeypatch):
     """Where no cgroup can be made (an ordinary user, a container), the harness's watchdog reads the
     sandbox's memory from outside and ends it: the same verdict, naming the same limit."""
-    monkeypatch.setattr("harness.pool.MemoryCgroup.create", lambda name, limit: None)
+    monkeypatch.setattr("harness.launch.pool.MemoryCgroup.create", lambda name, limit: None)
     result = evaluate(all_reduce, EXPLOITS / "memory_hog.py", world_size=2,
                       config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
                       integrity_config={"rank_memory_bytes": 1 << 30})
@@ -693,7 +693,7 @@ def test_a_compile_stage_over_its_memory_limit_is_the_candidate_s_failure(all_re
 def test_the_private_root_refuses_a_folder_others_can_enter_or_a_link(tmp_path, monkeypatch):
     """In a shared TMPDIR someone else may have made `pkb-<uid>` first, or left a link there: the harness
     refuses it rather than keep its evaluations' folders where another user can reach them."""
-    from harness.sandbox.private import PrivateRootUnsafe, private_folder, private_root, remove_private
+    from harness.launch.sandbox.private import PrivateRootUnsafe, private_folder, private_root, remove_private
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / f"pkb-{os.geteuid()}"
@@ -716,7 +716,7 @@ def test_the_bind_list_refuses_the_home_and_shared_temp_and_masks_what_a_code_fo
     """sys.path may name anything: `/`, the home folder, /tmp, a folder holding TMPDIR (and with it every
     evaluation's folder). None of them is bound whole; a folder holding TMPDIR is bound with TMPDIR masked,
     and the scratch under it is bound again on top, its way there walkable by another uid (0755)."""
-    from harness.sandbox import mounts
+    from harness.launch.sandbox import mounts
 
     work = tmp_path / "work"
     tmpdir = work / "tmp"
@@ -744,11 +744,11 @@ def test_the_bind_list_refuses_the_home_and_shared_temp_and_masks_what_a_code_fo
 def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_one_is_not():
     """A harness killed with SIGKILL leaves its sandboxes' cgroups (and whatever is still in them); the next
     pool's reaper removes those whose maker is gone, and leaves a live harness's alone."""
-    from harness.sandbox.memory import MemoryCgroup, sweep_orphans
+    from harness.launch.sandbox.memory import MemoryCgroup, sweep_orphans
 
     maker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
-        from harness.sandbox.memory import MemoryCgroup
+        from harness.launch.sandbox.memory import MemoryCgroup
         group = MemoryCgroup.create("pkb-test-orphan", 1 << 30)
         print(group.path, flush=True)
         time.sleep(600)
@@ -772,10 +772,10 @@ def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_o
 def test_an_evaluation_folder_whose_harness_was_killed_is_removed_by_the_next_pool(tmp_path, monkeypatch):
     """Every folder of the private root names its maker: the reference's outputs and the candidate's copy
     of a harness killed mid-evaluation go with the next pool's sweep; a live harness's stay."""
-    from harness.sandbox.private import private_folder
+    from harness.launch.sandbox.private import private_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    made = subprocess.run([sys.executable, "-c", "from harness.sandbox.private import private_folder; "
+    made = subprocess.run([sys.executable, "-c", "from harness.launch.sandbox.private import private_folder; "
                            "print(private_folder('pkb-eval-'))"], capture_output=True, text=True, check=True,
                           env={**os.environ, "TMPDIR": str(tmp_path),
                                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})

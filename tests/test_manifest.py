@@ -15,9 +15,9 @@ from agent.report.build import build
 from agent.report.run_reader import read_run
 from agent.rundir import RunDir
 from agent.runner import RunConfig, create_run
-from harness.environment import environment, hardware_key
-from harness.problem import load_problem
-from harness.registry import SUITE_ROOT
+from harness.problems.problem import load_problem
+from harness.problems.registry import SUITE_ROOT
+from harness.records.environment import environment, hardware_key
 from tests.report_support import OUTCOMES, make_run
 
 REPO = Path(__file__).resolve().parent.parent

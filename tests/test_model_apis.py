@@ -30,7 +30,7 @@ from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
 from agent.usage import Usage, load_price_table, usage_of
 from harness.config import EvalConfig
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.fakes.anthropic_api import AnthropicFake, AnthropicModel, signature
 from tests.fakes.base import Turn
 from tests.fakes.openai_api import CACHE_STEP, OpenAIFake, OpenAIModel

@@ -14,16 +14,16 @@ from agent.cli import run as cli_run
 from agent.cli.common import CliError
 from agent.cli.source import one_in, resolve_source, select_in
 from agent.report.run_reader import read_run
-from harness.compile import compile_candidate
+from harness.common.seeds import rank_seed
+from harness.compiling.compile import compile_candidate
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
-from harness.parallelkernelbench import checkout, input_report
-from harness.parallelkernelbench import inputs as input_plans
-from harness.parallelkernelbench import solutions as solution_sets
-from harness.problem import MalformedProblem
-from harness.registry import load_problem_spec
-from harness.seeds import rank_seed
-from harness.validate import validate_problems, validate_without_oracle
+from harness.problems.parallelkernelbench import checkout, input_report
+from harness.problems.parallelkernelbench import inputs as input_plans
+from harness.problems.parallelkernelbench import solutions as solution_sets
+from harness.problems.problem import MalformedProblem
+from harness.problems.registry import load_problem_spec
+from harness.problems.validate import validate_problems, validate_without_oracle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKOUT = FIXTURES / "pkb_checkout"

@@ -1,6 +1,7 @@
-"""PKB's own harness as a second scorer (harness.parallelkernelbench.own_harness), the rules that explain
-where it and this harness differ (harness.parallelkernelbench.rules), the multicast filter
-(harness.parallelkernelbench.multicast), and the contained runner (harness.contained_run). CPU only: PKB's
+"""PKB's own harness as a second scorer (harness.problems.parallelkernelbench.own_harness), the rules that explain
+where it and this harness differ (harness.problems.parallelkernelbench.rules), the multicast filter
+(harness.problems.parallelkernelbench.multicast), and the contained runner (harness.launch.contained_run). CPU only:
+PKB's
 real scripts need CUDA, so the runner is proved here against a stand-in run_local.py and stand-in process
 trees, and the parser against outputs shaped like PKB's."""
 
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.contained_run import run_contained, token_pids
-from harness.parallelkernelbench import multicast as pkb_multicast
-from harness.parallelkernelbench import rules as pkb_rules
-from harness.parallelkernelbench.own_harness import (
+from harness.launch.contained_run import run_contained, token_pids
+from harness.problems.parallelkernelbench import multicast as pkb_multicast
+from harness.problems.parallelkernelbench import rules as pkb_rules
+from harness.problems.parallelkernelbench.own_harness import (
     PkbVerdict,
     TrialReport,
     exception_line,
@@ -25,7 +26,7 @@ from harness.parallelkernelbench.own_harness import (
     problem_stem,
     score_with_pkb,
 )
-from harness.results import CandidateInfo, EvalResult, Failure
+from harness.records.results import CandidateInfo, EvalResult, Failure
 
 FIX = Path(__file__).parent / "fixtures" / "pkb_own_harness"
 OUTPUTS = FIX / "outputs"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from harness import ncu, nsys
-from harness.profiling import KernelStat, ProfileReport, RankTimeline
+from harness.measure import ncu, nsys
+from harness.measure.profiling import KernelStat, ProfileReport, RankTimeline
 from tools import profile as profile_tool
 from tools.base import ToolContext
 from tools.render import count_tokens
@@ -122,9 +122,9 @@ def test_nsys_is_looked_for_outside_path(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_tool_asks_for_nsight_on_cuda_and_not_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness import profiling
     from harness.config import EvalConfig
-    from harness.registry import get, load_suite
+    from harness.measure import profiling
+    from harness.problems.registry import get, load_suite
 
     seen: list[dict[str, Any]] = []
     report = _report_from(CONSTRUCTED.read_text())

@@ -15,8 +15,8 @@ import pytest
 
 from agent import cli
 from agent.cli import profile as cli_profile
-from harness import ncu as nsight
-from harness.profiling import (
+from harness.measure import ncu as nsight
+from harness.measure.profiling import (
     ProfileError,
     classify,
     cpu_events,
@@ -30,7 +30,7 @@ from harness.profiling import (
     summarize_trace,
     union,
 )
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 from tools.render import count_tokens
 from tools.summaries import ncu_lines
@@ -315,13 +315,13 @@ def test_ncu_driver_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_TEST_FAKE_NCU_CSV", str(tmp_path / "raw.csv"))
     monkeypatch.setenv("PKB_TEST_FAKE_NCU_ARGS", str(tmp_path / "args.jsonl"))
     monkeypatch.setattr(nsight, "ncu_path", lambda: str(fake))
-    import harness.pool
+    import harness.launch.pool
 
-    class CpuPool(harness.pool.RankPool):  # the ranks run on CPU; everything else is the GPU path
+    class CpuPool(harness.launch.pool.RankPool):  # the ranks run on CPU; everything else is the GPU path
         def __init__(self, world_size, device, **kw):
             super().__init__(world_size, "cpu", **kw)
 
-    monkeypatch.setattr(harness.pool, "RankPool", CpuPool)
+    monkeypatch.setattr(harness.launch.pool, "RankPool", CpuPool)
     wanted = ["gpu__time_duration.sum", "nvltx__bytes.sum", "dram__bytes_read.sum"]
     report = nsight.collect(get(SUITE, "all_reduce"), GOOD, world_size=2, device="cuda", shape="small", rank=1,
                             budget_s=240, metrics=wanted, calls=2)
@@ -386,8 +386,9 @@ def test_gpu_profile_of_the_one_shot_expert_with_ncu():
 
 
 def test_worker_side_modules_import_without_pydantic():
-    # The rank workers import harness.tracing and harness.profiling: torch and the standard library only.
-    code = ("import sys; sys.modules['pydantic'] = None; import harness.tracing, harness.profiling; "
+    # The rank workers import harness.measure.tracing and harness.measure.profiling: torch and the standard library
+    # only.
+    code = ("import sys; sys.modules['pydantic'] = None; import harness.measure.tracing, harness.measure.profiling; "
             "assert 'pydantic' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}")
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True, timeout=300)

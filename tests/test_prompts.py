@@ -20,9 +20,9 @@ import pytest
 import prompts
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.problem import load_problem
-from harness.registry import SUITE_ROOT, get, load_suite
-from harness.topology import AllReducePoint, Calibration, Gpu, NvLink, PeerCopy, Profile, Topology
+from harness.measure.topology import AllReducePoint, Calibration, Gpu, NvLink, PeerCopy, Profile, Topology
+from harness.problems.problem import load_problem
+from harness.problems.registry import SUITE_ROOT, get, load_suite
 from tools import render
 from tools.render import count_tokens
 from tools.specs import TOOL_NAMES

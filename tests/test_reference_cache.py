@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import reference_cache
-from harness.results import TimingStats
+from harness.records import reference_cache
+from harness.records.results import TimingStats
 
 
 def stats(median_ms: float, cv: float = 0.0) -> TimingStats:
@@ -22,7 +22,7 @@ def stats(median_ms: float, cv: float = 0.0) -> TimingStats:
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = """
 import sys
-from harness import reference_cache
+from harness.records import reference_cache
 from tests.test_reference_cache import stats
 who, count = int(sys.argv[1]), int(sys.argv[2])
 for i in range(count):
@@ -92,7 +92,7 @@ def test_a_reference_timing_with_high_variance_is_not_cached(tmp_path, monkeypat
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate, reference_key
     from harness.judge.reference import ReferenceRun
-    from harness.registry import get, load_suite
+    from harness.problems.registry import get, load_suite
     from tests.conftest import CANDIDATES
 
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))

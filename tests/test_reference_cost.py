@@ -10,7 +10,7 @@ import pytest
 
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.registry import load_problem_spec
+from harness.problems.registry import load_problem_spec
 from tests.conftest import live_children
 
 # The reference sleeps `first` seconds on its first call in a process, `later` on every later one.

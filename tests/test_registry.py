@@ -7,8 +7,8 @@ import json
 import pytest
 
 from agent.cli import main as pkb
-from harness.problem import MalformedProblem, load_problem
-from harness.registry import UnknownProblem, discover, load_suite, select
+from harness.problems.problem import MalformedProblem, load_problem
+from harness.problems.registry import UnknownProblem, discover, load_suite, select
 from tests.registry_support import GOOD, write
 
 

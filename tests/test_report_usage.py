@@ -13,7 +13,7 @@ from agent.report.build import build
 from agent.report.html import to_html
 from agent.report.markdown import to_markdown
 from agent.report.run_reader import read_run
-from harness.flags import CPU_TIMING_NOTE
+from harness.common.flags import CPU_TIMING_NOTE
 from tests.report_support import OUTCOMES, html_rows, make_run, md_rows
 
 HEADLINE = "| condition | problems | samples |"

@@ -1,4 +1,5 @@
-"""harness.requirements: what a reference or candidate needs that this machine lacks, read from source only."""
+"""harness.compiling.requirements: what a reference or candidate needs that this machine lacks, read from source
+only."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.parallelkernelbench import checkout
-from harness.registry import load_suite
-from harness.requirements import environment_issue, file_needs
+from harness.compiling.requirements import environment_issue, file_needs
+from harness.problems.parallelkernelbench import checkout
+from harness.problems.registry import load_suite
 
 TESTS = Path(__file__).parent
 ODD = TESTS / "fixtures" / "pkb_checkout_oddities"

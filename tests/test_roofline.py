@@ -11,10 +11,8 @@ import pytest
 
 from agent import cli
 from agent.cli import roofline as cli_roofline
-from harness.pool import RankPool
-from harness.registry import get, load_suite
-from harness.results import TimingStats
-from harness.roofline import (
+from harness.launch.pool import RankPool
+from harness.measure.roofline import (
     FALLBACK_CEILINGS,
     FALLBACK_SOURCE,
     Ceilings,
@@ -29,6 +27,8 @@ from harness.roofline import (
     time_reference,
     trace_cache_path,
 )
+from harness.problems.registry import get, load_suite
+from harness.records.results import TimingStats
 from tests.conftest import CANDIDATES
 from tools.render import count_tokens
 from tools.summaries import roofline_text as render_text
@@ -113,10 +113,10 @@ def test_ceilings_fall_back_to_design_figures_per_value():
 
 
 def test_ceilings_without_topology_module(monkeypatch):
-    import harness
+    import harness.measure
 
-    monkeypatch.setitem(sys.modules, "harness.topology", None)  # import fails as if the module were absent
-    monkeypatch.delattr(harness, "topology", raising=False)
+    monkeypatch.setitem(sys.modules, "harness.measure.topology", None)  # import fails as if the module were absent
+    monkeypatch.delattr(harness.measure, "topology", raising=False)
     c = resolve_ceilings(None, device="cuda")
     assert c.link_bytes_per_s == 394e9 and c.hbm_bytes_per_s == 4.28e12 and c.matmul_flops_per_s == 790e12
     assert {c.link_source, c.hbm_source, c.matmul_source} == {FALLBACK_SOURCE}
@@ -127,10 +127,10 @@ def test_ceilings_use_the_cached_topology_profile(monkeypatch):
     fake = SimpleNamespace(load=lambda: "profile", ceilings=lambda profile: {
         "link_bytes_per_s": 390e9, "link_source": "measured", "hbm_bytes_per_s": 4.1e12, "hbm_source": "measured",
         "matmul_flops_per_s": 760e12, "matmul_source": "measured", "gpu": "NVIDIA H200", "notes": []})
-    monkeypatch.setitem(sys.modules, "harness.topology", fake)
-    import harness
+    monkeypatch.setitem(sys.modules, "harness.measure.topology", fake)
+    import harness.measure
 
-    monkeypatch.setattr(harness, "topology", fake, raising=False)
+    monkeypatch.setattr(harness.measure, "topology", fake, raising=False)
     c = resolve_ceilings(None, device="cpu")
     assert (c.link_bytes_per_s, c.link_source, c.gpu) == (390e9, "measured", "NVIDIA H200")
     # no cached profile and a CPU run: no slow discovery, the reference machine's figures
@@ -308,7 +308,7 @@ def test_trace_cache_and_lower_bound(pool2, monkeypatch):
     assert lower_bound_ms(problem, "small", 2, "cpu") is None  # CPU timings are never judged
     first = cached_trace(problem, "small", 2, "cpu", pool=pool2)
     assert trace_cache_path(problem, "small", 2, "cpu").exists()
-    import harness.roofline as rl
+    import harness.measure.roofline as rl
 
     monkeypatch.setattr(rl, "trace_reference", lambda *a, **k: pytest.fail("traced again"))
     assert cached_trace(problem, "small", 2, "cpu") == first
@@ -327,7 +327,7 @@ def test_a_failing_reference_is_a_roofline_error(tmp_path):
         "    return (torch.randn(2, generator=generator, device=device),)\n"
         "def solution(x):\n    raise ValueError('no reference today')\n"
         "def oracle(shape, world_size, inputs_by_rank):\n    return []\n")
-    from harness.problem import load_problem
+    from harness.problems.problem import load_problem
 
     with pytest.raises(RooflineError, match="no reference today"):
         roofline(load_problem(path), "small", 2, "cpu", DESIGN)

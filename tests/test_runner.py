@@ -22,8 +22,8 @@ from agent.budgets import Budget
 from agent.cli import run as cli_run
 from agent.report.run_reader import read_run
 from agent.scheduler import DeviceScheduler
-from harness import failures
-from harness.results import CandidateInfo, EvalResult, Failure
+from harness.common import failures
+from harness.records.results import CandidateInfo, EvalResult, Failure
 from tests.agent_support import BROKEN, fenced, run_samples, scripted
 from tests.conftest import CANDIDATES
 
@@ -131,7 +131,7 @@ def test_sample_json_carries_the_results_fast_eligible_flag():
     sample.json says so beside the verdict; results from before the harness had the field count as eligible."""
     from agent.conditions import parse_condition
     from agent.runner import SampleSpec, sample_record
-    from harness.registry import get, load_suite
+    from harness.problems.registry import get, load_suite
 
     spec = SampleSpec(get(load_suite(), "all_reduce"), parse_condition("zero-shot"), 0)
     result = {"verdict": "correct", "correct": True, "speedup": 1.8, "flags": ["uses_torch_collectives"], "seed": 1}

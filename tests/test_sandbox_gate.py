@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from harness.sandbox import OFF_REASON_VAR, policy
+from harness.launch.sandbox import OFF_REASON_VAR, policy
 from tests.conftest import CANDIDATES
 
 MISSING = ("", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap", frozenset())

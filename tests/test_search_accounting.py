@@ -21,9 +21,9 @@ from agent.search.config import Limits, SearchConfig
 from agent.search.layout import SearchDir, create
 from agent.search.loop import Search
 from agent.search.summary import throughput
-from harness.problem import Problem, load_problem
-from harness.registry import SUITE_ROOT
-from harness.results import CandidateInfo, EvalResult
+from harness.problems.problem import Problem, load_problem
+from harness.problems.registry import SUITE_ROOT
+from harness.records.results import CandidateInfo, EvalResult
 from tests import search_fakes
 
 PROBLEMS = ["all_reduce", "all_gather", "reduce_scatter"]

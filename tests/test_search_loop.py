@@ -26,8 +26,8 @@ from agent.search.loop import Search
 from agent.search.mutator import MutatorChatModel, Rates
 from agent.search.proposer import derived_seed
 from agent.usage import PriceTable
-from harness.problem import Problem, load_problem
-from harness.registry import SUITE_ROOT
+from harness.problems.problem import Problem, load_problem
+from harness.problems.registry import SUITE_ROOT
 from tests import search_fakes
 
 PROBLEMS = ["all_reduce", "all_gather", "reduce_scatter"]

@@ -1,4 +1,4 @@
-"""No secret of the harness reaches a record (harness.redaction, harness.sandbox.clean_environment).
+"""No secret of the harness reaches a record (harness.records.redaction, harness.launch.sandbox.clean_environment).
 
 The secrets are marker values in environment variables named like API keys. The unit tests pin the
 redaction's forms and every writer it sits in; the slow ones run a candidate that tries every way to leak
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import redaction
-from harness.sandbox import clean_environment, probe
+from harness.launch.sandbox import clean_environment, probe
+from harness.records import redaction
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPLOITS = ROOT / "tests" / "exploits"
@@ -33,7 +33,7 @@ LEAKERS = [EXPLOITS / "leak_secrets.py", EXPLOITS / "link_environ_at_issue.py"]
 LINKER = """import os, sys
 from pathlib import Path
 import torch.distributed as dist
-from harness.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE
+from harness.common.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE
 
 _kept = Path(sys.argv[sys.argv.index("--init-file") + 1]).parent / "kept"
 _kept.mkdir(exist_ok=True)
@@ -140,7 +140,7 @@ import sys
 from pathlib import Path
 import harness.evaluate
 from harness.config import EvalConfig, TimingConfig
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 if sys.argv[3] == "no-redaction":  # the control: what reaches the record without the redaction
     harness.evaluate.secret_names = lambda: []
 r = harness.evaluate.evaluate(get(load_suite(), "all_reduce"), Path(sys.argv[1]), world_size=2, device="cpu",

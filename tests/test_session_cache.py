@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cache_dir import cache_root
+from harness.records.cache_dir import cache_root
 from tests import conftest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_the_session_has_a_cache_of_its_own_that_subprocesses_inherit() -> None:
     assert cache_root() == conftest.SESSION_CACHE != conftest.USER_CACHE
-    out = subprocess.run([sys.executable, "-c", "from harness.cache_dir import cache_root; print(cache_root())"],
+    out = subprocess.run([sys.executable, "-c",
+                          "from harness.records.cache_dir import cache_root; print(cache_root())"],
                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
     assert out == str(conftest.SESSION_CACHE)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import failures
+from harness.common import failures
 
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from harness.contract_checks import input_issues, metadata_issues
-from harness.registry import discover, load_suite
-from harness.validate import validate_problems
+from harness.problems.contract_checks import input_issues, metadata_issues
+from harness.problems.registry import discover, load_suite
+from harness.problems.validate import validate_problems
 
 SUITE, MALFORMED = discover()
 

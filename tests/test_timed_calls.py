@@ -15,14 +15,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import seeds
+from harness.common import seeds
+from harness.common.integrity import IntegrityConfig
 from harness.config import TimingConfig
-from harness.integrity import IntegrityConfig
 from harness.judge import plausibility, timing
+from harness.problems.registry import get, load_suite
 from harness.rank import pristine, refill, transport
 from harness.rank.calls import fingerprint, same_bytes, snapshot
 from harness.rank.tripwires import Guard
-from harness.registry import get, load_suite
 
 CPU = torch.device("cpu")
 
@@ -194,7 +194,7 @@ def test_a_sample_of_a_large_output_keeps_a_wrong_answer_wrong():
 
 # -- margins that match the work -------------------------------------------------------------------
 def _stats(median: float, unexplained: float):
-    from harness.results import TimingStats
+    from harness.records.results import TimingStats
 
     return TimingStats(median_ms=median, p10_ms=median, p90_ms=median, mean_ms=median, cv=0.0, iterations=10,
                        host_median_ms=median, input_sets=2, spin_us=0.0, slowest_rank=0, rank_medians_ms=[median],

@@ -19,7 +19,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 import prompts
 from harness.config import EvalConfig, Limits, TimingConfig
-from harness.registry import get, load_suite
+from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 from tools import render
 from tools.base import ToolContext, ToolOutcome
@@ -123,7 +123,7 @@ def test_every_answer_fits_the_token_budget(sample, all_reduce, tmp_path):
     for o in out.values():
         assert within(o.text, ctx.answer_tokens), o.name
     # At the default budget of 600 (and at a tight one) the answers still fit, headline first.
-    from harness.results import EvalResult
+    from harness.records.results import EvalResult
     from tools.check import verdict_blocks
 
     wrong = EvalResult.model_validate(out["check_wrong"].data["result"])
@@ -208,7 +208,7 @@ def test_a_tool_that_raises_on_a_candidate_charges_it_never_an_exception(all_red
 def test_gpu_seconds_are_wall_time_with_ranks_up_times_world_size(all_reduce, tmp_path, monkeypatch, sample):
     _, out = sample
     result = out["check_right"].data["result"]
-    from harness.results import EvalResult
+    from harness.records.results import EvalResult
 
     fake = EvalResult.model_validate({**result, "stages": {**result["stages"], "compile": 1.5}})
     monkeypatch.setattr("tools.check.evaluate", lambda *a, **k: fake)
@@ -247,8 +247,8 @@ def test_guide_lists_topics_and_returns_sections(all_reduce, tmp_path):
 
 
 def test_profile_and_roofline_say_unavailable_without_their_modules(all_reduce, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "harness.profiling", None)  # import now raises ImportError
-    monkeypatch.setitem(sys.modules, "harness.roofline", None)
+    monkeypatch.setitem(sys.modules, "harness.measure.profiling", None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, "harness.measure.roofline", None)
     ctx = make_ctx(all_reduce, tmp_path)
     prof = run_tool("profile", {"source": source(RIGHT)}, ctx)
     assert "profiling is unavailable in this build" in prof.text and prof.data["available"] is False
@@ -259,7 +259,7 @@ def test_profile_and_roofline_say_unavailable_without_their_modules(all_reduce, 
 
 def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_path, monkeypatch):
     seen = {}
-    fake = types.ModuleType("harness.profiling")
+    fake = types.ModuleType("harness.measure.profiling")
 
     def profile(problem, candidate_path, *, world_size, device, shape, gpus=None):
         seen.update(problem=problem.name, path=candidate_path, world_size=world_size, device=device, shape=shape)
@@ -271,7 +271,7 @@ def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_
 
     fake.profile = profile
     monkeypatch.setattr("tools.profile.profile_text", render_text)  # the text is the tools' (tools.summaries)
-    monkeypatch.setitem(sys.modules, "harness.profiling", fake)
+    monkeypatch.setitem(sys.modules, "harness.measure.profiling", fake)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": source(RIGHT)}, ctx)
     assert seen["problem"] == "all_reduce" and seen["path"] == o.candidate
@@ -283,7 +283,7 @@ def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_
 
 
 def test_profile_reports_a_candidate_that_cannot_run_as_its_verdict(all_reduce, tmp_path, monkeypatch):
-    fake = types.ModuleType("harness.profiling")
+    fake = types.ModuleType("harness.measure.profiling")
 
     class ProfileError(RuntimeError):
         def __init__(self, message, verdict="infra_error", evidence=""):
@@ -297,7 +297,7 @@ def test_profile_reports_a_candidate_that_cannot_run_as_its_verdict(all_reduce, 
 
     fake.ProfileError, fake.profile = ProfileError, profile
     monkeypatch.setattr("tools.profile.profile_text", lambda r, n: "")
-    monkeypatch.setitem(sys.modules, "harness.profiling", fake)
+    monkeypatch.setitem(sys.modules, "harness.measure.profiling", fake)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": "def solution(x):\n    raise ValueError('lost')\n"}, ctx)
     assert o.text.startswith("profile: the candidate could not be profiled: runtime_error")
@@ -308,11 +308,11 @@ def test_profile_reports_a_candidate_that_cannot_run_as_its_verdict(all_reduce, 
 
 def test_roofline_with_and_without_a_candidate(all_reduce, tmp_path, monkeypatch, sample):
     _, out = sample
-    from harness.results import EvalResult
+    from harness.records.results import EvalResult
 
     timed = EvalResult.model_validate(out["bench"].data["result"])
     calls = []
-    fake = types.ModuleType("harness.roofline")
+    fake = types.ModuleType("harness.measure.roofline")
 
     def roofline(problem, shape, world_size, device, candidate_result=None):
         calls.append((problem.name, shape, world_size, device, candidate_result))
@@ -321,7 +321,7 @@ def test_roofline_with_and_without_a_candidate(all_reduce, tmp_path, monkeypatch
     fake.roofline = roofline
     monkeypatch.setattr("tools.roofline.roofline_text",
                         lambda result, max_tokens: f"lower bound {result['bound_us']} us ({result['binding']})")
-    monkeypatch.setitem(sys.modules, "harness.roofline", fake)
+    monkeypatch.setitem(sys.modules, "harness.measure.roofline", fake)
     monkeypatch.setattr("tools.roofline.run_evaluation", lambda ctx, path, timing: (timed, 0.0))
     ctx = make_ctx(all_reduce, tmp_path)
 

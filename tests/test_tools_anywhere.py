@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.compile import compile_candidate
+from harness.compiling.compile import compile_candidate
 from tests.conftest import CANDIDATES
 from tools.base import ToolContext
 

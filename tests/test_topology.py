@@ -11,12 +11,11 @@ import pytest
 
 from agent import cli
 from agent.cli import topology as cli_topology
-from harness import topology
 from harness.config import TimingConfig
-from harness.environment import hardware_key
-from harness.hardware import datasheet
-from harness.pool import SAFE_ENV
-from harness.topology import (
+from harness.launch.pool import SAFE_ENV
+from harness.measure import topology
+from harness.measure.hardware import datasheet
+from harness.measure.topology import (
     AllReducePoint,
     Calibration,
     GiB,
@@ -41,6 +40,7 @@ from harness.topology import (
     parse_topo_matrix,
     save,
 )
+from harness.records.environment import hardware_key
 from tests.conftest import live_children
 
 UUID0 = "GPU-3a1e4c52-8f7b-2d9a-6c05-b1e9f0d47a21"
@@ -447,7 +447,7 @@ def test_discover_prefers_nvidia_smi_speed_when_nvml_disagrees(monkeypatch):
 
 def test_cli_shows_the_cached_calibration_of_this_environment(pkb, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("harness.topology.discover", h200_topology)
+    monkeypatch.setattr("harness.measure.topology.discover", h200_topology)
     save(Profile(hardware_key=hardware_key(), topology=h200_topology(), calibration=h200_calibration()))
     assert pkb(["topology"]) == 0
     out = capsys.readouterr().out

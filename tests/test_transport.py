@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness import failures
+from harness.common import failures
 from harness.judge.compare import compare_outputs, structure_issue
 from harness.rank import transport
 

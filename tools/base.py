@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.common.hostile_files import replace_file
 from harness.config import EvalConfig
-from harness.hostile_files import replace_file
-from harness.problem import Problem
-from harness.redaction import redact_text
+from harness.problems.problem import Problem
+from harness.records.redaction import redact_text
 from tools import render
 
 CANDIDATES_DIR = "candidates"
@@ -125,7 +125,7 @@ def source_arg(args: dict[str, Any], required: bool = True) -> str | None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Candidate files and their records, redacted (harness.redaction), written atomically."""
+    """Candidate files and their records, redacted (harness.records.redaction), written atomically."""
     replace_file(path, redact_text(text).encode())
 
 

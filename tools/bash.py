@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import channel
-from harness.cache_dir import cache_root
-from harness.pool import REPO_ROOT
+from harness.common import channel
+from harness.common.paths import REPO_ROOT
+from harness.launch.sandbox import SandboxPolicy, clean_environment, probe
 from harness.rank.transport import TransportError, open_untrusted
-from harness.sandbox import SandboxPolicy, clean_environment, probe
+from harness.records.cache_dir import cache_root
 from tools.base import ToolContext, ToolInputError, ToolOutcome, bounded, save_candidate
 from tools.render import Block
 from tools.specs import SHELL_HARNESS_COMMANDS

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.flags import is_emulated
-from harness.results import EvalResult, TimingStats
+from harness.common.flags import is_emulated
+from harness.records.results import EvalResult, TimingStats
 from tools.base import ToolContext, ToolOutcome, bounded
 from tools.check import result_data, run_evaluation, verdict_blocks
 from tools.render import Block

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.evaluate import evaluate
-from harness.results import EvalResult
+from harness.records.results import EvalResult
 from tools.base import ToolContext, ToolOutcome, bounded, stopwatch
 from tools.render import Block, Keep
 
@@ -34,7 +34,7 @@ HINTS = {
                "stuck. Look for a host loop, a per-element Python operation or a synchronize in a loop.",
     "infra_error": "The harness failed, not your code; the call can be repeated.",
 }
-# What the harness's integrity flags (harness/integrity.py) mean for the model; unknown flags show by name.
+# What the harness's integrity flags (harness/common/integrity.py) mean for the model; unknown flags show by name.
 FLAG_HINTS = {
     "stale_output": "the output equals the previous call's answer: a buffer was reused before the new data "
                     "arrived, or a result was cached across calls",

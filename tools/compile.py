@@ -1,6 +1,6 @@
 """`compile`: does the candidate build? Python syntax, then any native build, in a killable process.
 
-This is step 1 of the harness protocol alone (harness.compile.compile_candidate): the syntax check runs
+This is step 1 of the harness protocol alone (harness.compiling.compile.compile_candidate): the syntax check runs
 nothing; a file that builds native code (load_inline, cpp_extension, NVRTC, CuPy) is imported once in
 its own process with the compile time limit, and a failed build comes back as the compiler's own error
 lines, trimmed. No rank starts and no GPU is held, so it costs no GPU seconds.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.builds import BUILD_MARKERS
-from harness.compile import compile_candidate
+from harness.compiling.builds import BUILD_MARKERS
+from harness.compiling.compile import compile_candidate
 from tools.base import ToolContext, ToolOutcome, bounded
 from tools.render import Block
 

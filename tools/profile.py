@@ -1,10 +1,11 @@
-"""`profile`: where the candidate's time goes, per rank (harness.profiling; text: tools.summaries).
+"""`profile`: where the candidate's time goes, per rank (harness.measure.profiling; text: tools.summaries).
 
 Every rank's timeline (PyTorch profiler). On CUDA also Nsight Compute on one rank while the others run
-free (harness.ncu, as `pkb profile --ncu` does, with the metric set the summary needs), summarised per
+free (harness.measure.ncu, as `pkb profile --ncu` does, with the metric set the summary needs), summarised per
 kernel: its time and share of the call, DRAM and NVLink throughput against this machine's ceilings, SM
 throughput and the top stall reasons; where the counters cannot be read, one line says why. And Nsight
-Systems' kernel summary of that rank where nsys is installed (harness.nsys). harness.profiling is imported
+Systems' kernel summary of that rank where nsys is installed (harness.measure.nsys). harness.measure.profiling is
+imported
 when the tool runs: a build without it answers that profiling is unavailable (true, and costs nothing)
 instead of failing the agent loop.
 """
@@ -15,7 +16,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from harness.ncu import AGENT_SETS
+from harness.measure.ncu import AGENT_SETS
 from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
 from tools.render import Block
 from tools.summaries import profile_text
@@ -27,7 +28,7 @@ NSYS_BUDGET_S = 60.0
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for profile
     try:
-        profiling = importlib.import_module("harness.profiling")
+        profiling = importlib.import_module("harness.measure.profiling")
     except ImportError as err:
         text = ("profile: profiling is unavailable in this build (the harness has no profiler module). "
                 "Use check and bench instead.")

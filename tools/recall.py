@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness import hostile_files
+from harness.common import hostile_files
 from tools.base import CANDIDATES_DIR, ToolContext, ToolInputError, ToolOutcome
 
 # A candidate is the model's own text; this bounds what a corrupt or huge file could put into the context.

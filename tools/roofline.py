@@ -1,8 +1,8 @@
 """`roofline`: the hardware lower bound for the problem here, and with `source`, how close a candidate gets.
 
-Without code it costs no candidate run: harness.roofline traces the reference and divides bytes and FLOPs
+Without code it costs no candidate run: harness.measure.roofline traces the reference and divides bytes and FLOPs
 by the machine's ceilings. With code the candidate is benchmarked first (the full protocol, as `bench`)
-and its timings go to harness.roofline, which reports the fraction of the bound it reaches; the model reads
+and its timings go to harness.measure.roofline, which reports the fraction of the bound it reaches; the model reads
 the record as tools.summaries.roofline_text writes it. The module is
 imported when the tool runs; a build without it says roofline is unavailable, before any GPU work.
 """
@@ -22,7 +22,7 @@ from tools.summaries import roofline_text
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     try:
-        roofline = importlib.import_module("harness.roofline")
+        roofline = importlib.import_module("harness.measure.roofline")
     except ImportError as err:
         text = ("roofline: the roofline is unavailable in this build (the harness has no roofline module). "
                 "Use bench for timings.")

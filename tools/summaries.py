@@ -1,6 +1,7 @@
 """The harness's records as the short text a model reads: a roofline, a profile, Nsight Compute metrics.
 
-The harness returns data (harness.roofline.Roofline, harness.profiling.ProfileReport, harness.ncu.NcuReport);
+The harness returns data (harness.measure.roofline.Roofline, harness.measure.profiling.ProfileReport,
+harness.measure.ncu.NcuReport);
 what the model sees of it is decided here, in priority order and within a token budget (tools.render).
 `pkb roofline --text` and `pkb profile --text` print the same text.
 """
@@ -9,17 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.kernel_names import short_name
-from harness.ncu import STALL_REASONS
+from harness.compiling.kernel_names import short_name
+from harness.measure.ncu import STALL_REASONS
 from tools.render import fit_lines
 
 if TYPE_CHECKING:
-    from harness.ncu import KernelSummary, NcuReport
-    from harness.nsys import NsysReport
-    from harness.profiling import ProfileReport
-    from harness.roofline import Achieved, Roofline
+    from harness.measure.ncu import KernelSummary, NcuReport
+    from harness.measure.nsys import NsysReport
+    from harness.measure.profiling import ProfileReport
+    from harness.measure.roofline import Achieved, Roofline
 
-# Short names of the Nsight Compute metrics the harness collects (harness.ncu.METRIC_SETS).
+# Short names of the Nsight Compute metrics the harness collects (harness.measure.ncu.METRIC_SETS).
 NCU_LABELS = {
     "gpu__time_duration.sum": "GPU time",
     "nvltx__bytes.sum": "NVLink sent",

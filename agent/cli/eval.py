@@ -13,11 +13,11 @@ from agent.cli import emulation, sandbox_gate
 from agent.cli.common import CliError, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
 from agent.rundir import write_text_atomic
+from harness.common.flags import is_emulated, timing_note
 from harness.emulation import layout
-from harness.flags import is_emulated, timing_note
 
 if TYPE_CHECKING:
-    from harness.results import EvalResult
+    from harness.records.results import EvalResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,7 +53,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agent.cli.source import check_shape, check_world_size, one_in, resolve_source
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate
-    from harness.sandbox import SandboxUnavailable, probe
+    from harness.launch.sandbox import SandboxUnavailable, probe
 
     try:
         sandbox = probe()

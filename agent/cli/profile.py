@@ -11,11 +11,11 @@ from rich.table import Table
 
 from agent.cli.common import CliError, console, escape, existing_file, plain
 from agent.cli.options import add_target_arguments
-from harness import ncu as nsight  # the metric sets, for the options (the standard library only)
+from harness.measure import ncu as nsight  # the metric sets, for the options (the standard library only)
 from tools.summaries import ncu_lines, profile_text
 
 if TYPE_CHECKING:
-    from harness.profiling import ProfileReport
+    from harness.measure.profiling import ProfileReport
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,7 +54,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError(f"--ncu-rank {args.ncu_rank} is not a rank of W={args.world_size}")
     # Deferred: the profiler and the problems import torch.
     from agent.cli.source import check_target, one_problem
-    from harness.profiling import ProfileError, profile
+    from harness.measure.profiling import ProfileError, profile
 
     problem = one_problem(args.problem)
     shape = check_target(problem, args.shape, args.world_size, args.device)

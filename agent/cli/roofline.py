@@ -14,8 +14,8 @@ from agent.cli.options import add_target_arguments
 from tools.summaries import fmt_bytes, fmt_flops, fmt_time, roofline_text
 
 if TYPE_CHECKING:
-    from harness.results import EvalResult
-    from harness.roofline import Roofline
+    from harness.measure.roofline import Roofline
+    from harness.records.results import EvalResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,8 +35,8 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     from agent.cli.source import check_target, one_problem
     from harness.config import EvalConfig, TimingConfig
     from harness.evaluate import evaluate
-    from harness.pool import PoolError, RankPool
-    from harness.roofline import RooflineError, resolve_ceilings, roofline, time_reference, trace_reference
+    from harness.launch.pool import PoolError, RankPool
+    from harness.measure.roofline import RooflineError, resolve_ceilings, roofline, time_reference, trace_reference
 
     problem = one_problem(args.problem)
     shape = check_target(problem, args.shape, args.world_size, args.device)

@@ -19,7 +19,7 @@ from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
 from agent.prompting import PKB, PromptChoiceError, check_conditions, parse_prompt
 from agent.rundir import RunDir
 from agent.runner import RunConfig
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 # (option, RunConfig field): options that, given with --resume, must agree with the stored run.
 RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--samples", "samples"),

@@ -31,9 +31,9 @@ from agent.rundir import RunDir, write_json_atomic
 from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
+from harness.common.flags import is_emulated
 from harness.emulation import layout
-from harness.flags import is_emulated
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 
 def _select_problems(config: RunConfig, selection: Sequence[str] | None, replay_dir: Path | None,

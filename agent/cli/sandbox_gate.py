@@ -26,8 +26,8 @@ def add_argument(p: argparse.ArgumentParser) -> None:
 
 def require(args: argparse.Namespace, command: str) -> None:
     """Refuse to go on without a sandbox unless --no-sandbox or PKB_SANDBOX=off chose that."""
-    # Deferred: harness.sandbox is light, but this module is imported for `pkb --help`.
-    from harness.sandbox import OFF_REASON_VAR, SandboxUnavailable, probe
+    # Deferred: harness.launch.sandbox is light, but this module is imported for `pkb --help`.
+    from harness.launch.sandbox import OFF_REASON_VAR, SandboxUnavailable, probe
 
     if getattr(args, "no_sandbox", False):
         os.environ["PKB_SANDBOX"] = "off"  # this process's evaluations, and the pools they start

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from agent.scheduler import DeviceScheduler
     from agent.search.layout import SearchDir
     from agent.usage import PriceTable
-    from harness.problem import Problem
+    from harness.problems.problem import Problem
 
 # (option, dest): every option that sets the search's config; refused with --resume.
 CONFIG_OPTIONS = (

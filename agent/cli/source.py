@@ -1,7 +1,7 @@
 """Which problems a command works on: `--source` (None is this suite; "pkb:PATH" a ParallelKernelBench
 checkout), selection within it, and the checks of a problem's shape and world size.
 
-Selection follows harness.registry (names, globs, categories); for a checkout's problems a plain number
+Selection follows harness.problems.registry (names, globs, categories); for a checkout's problems a plain number
 also selects by ParallelKernelBench's problem id, so `--problem 12` finds reference/12_<name>.py.
 
 Imported by the command handlers only: loading problems imports torch.
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from agent.cli.common import CliError
-from harness.parallelkernelbench import checkout
-from harness.problem import MalformedProblem, Problem
-from harness.registry import UnknownProblem, get, load_suite, select
+from harness.problems.parallelkernelbench import checkout
+from harness.problems.problem import MalformedProblem, Problem
+from harness.problems.registry import UnknownProblem, get, load_suite, select
 
 PKB_PREFIX = checkout.SPEC_PREFIX  # `--source pkb:PATH` (agent.cli.options defines the option)
 

@@ -38,7 +38,7 @@ from agent.sweep.layout import SweepDir, SweepLayoutError, write_header
 from agent.sweep.spec import Cell, Sweep
 from agent.usage import PriceTableError, load_price_table
 from harness.emulation import layout
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 # Stop reasons of a search that `pkb search --resume` continues (agent.search.loop, agent.search.stopping).
 RESUMABLE_SEARCH = ("model_fatal", "provider_unavailable", "interrupted", "internal_error")

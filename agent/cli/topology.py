@@ -14,7 +14,7 @@ from rich.table import Table
 from agent.cli.common import CliError, console, err_console, escape, plain
 
 if TYPE_CHECKING:
-    from harness.topology import Calibration, Profile, Topology
+    from harness.measure.topology import Calibration, Profile, Topology
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_topology(args: argparse.Namespace) -> int:
     # Deferred: discovery and calibration import torch (and CUDA), which the parser does not need.
-    from harness import topology
-    from harness.environment import hardware_key
-    from harness.pool import SAFE_ENV
+    from harness.launch.pool import SAFE_ENV
+    from harness.measure import topology
+    from harness.records.environment import hardware_key
 
     if args.calibrate:
         os.environ.update(SAFE_ENV)  # before any CUDA work here: NVLink multicast stays off
@@ -66,7 +66,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 def _cached_calibration(key: str) -> Calibration | None:
     """The cached calibration when it was measured in this environment; else None."""
-    from harness import topology  # deferred with cmd_topology's imports (torch)
+    from harness.measure import topology  # deferred with cmd_topology's imports (torch)
 
     try:
         cached = topology.load()
@@ -82,7 +82,7 @@ def _gb(value: float | None, scale: float = 1e9, unit: str = "GB/s") -> str:
 
 
 def render(profile: Profile, ceilings: Mapping[str, Any], safe_env: Mapping[str, str]) -> None:
-    """The profile as tables; `ceilings` is topology.ceilings(profile), `safe_env` harness.pool.SAFE_ENV."""
+    """The profile as tables; `ceilings` is topology.ceilings(profile), `safe_env` harness.launch.pool.SAFE_ENV."""
     topo = profile.topology
     console.print(_summary(topo))
     if topo.gpus:

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from agent.executors.request import EvalRequest, device_seconds
 from harness.config import EvalConfig
-from harness.problem import Problem
-from harness.results import EvalResult
+from harness.problems.problem import Problem
+from harness.records.results import EvalResult
 
 
 class Executor(Protocol):

@@ -19,9 +19,9 @@ from agent.executors.request import (
     with_candidate_name,
     with_gpus,
 )
-from harness.compile import compile_candidate
+from harness.compiling.compile import compile_candidate
 from harness.evaluate import evaluate as harness_evaluate
-from harness.results import EvalResult
+from harness.records.results import EvalResult
 
 
 class LocalExecutor:

@@ -26,10 +26,11 @@ from agent.executors.request import (
 )
 from agent.rundir import write_text_atomic
 from harness import cancel
+from harness.common.paths import REPO_ROOT
 from harness.evaluate import evaluate as harness_evaluate
-from harness.pool import REPO_ROOT, SAFE_ENV
-from harness.problem import Problem
-from harness.results import EvalResult
+from harness.launch.pool import SAFE_ENV
+from harness.problems.problem import Problem
+from harness.records.results import EvalResult
 
 # Rank logs are capped by the pool (200 kB each); this bounds what one task sends back in all.
 MAX_LOG_BYTES = 1_000_000

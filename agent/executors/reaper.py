@@ -9,7 +9,7 @@ mid-evaluation, holding their GPUs. While an evaluation runs, `reap_on_death` ke
 The watcher, in a session of its own too, notes the parent's children that lead a session. When its stdin
 closes without the word "done" (the parent is gone), it kills those groups, as the harness would have, and
 removes the folders the dead evaluation left: the ones it was given and each rank group's rendezvous folder
-(harness.pool's pkb-pool-*). Standard library only, here and in the packages above it (the watcher starts
+(harness.launch.pool's pkb-pool-*). Standard library only, here and in the packages above it (the watcher starts
 in a fraction of a second); Linux /proc (elsewhere it does nothing).
 """
 
@@ -57,7 +57,7 @@ def leads_session(pid: int) -> bool:
 
 
 def pool_folder(pid: int) -> str | None:
-    """The rendezvous folder a rank process names on its command line (harness.pool's pkb-pool-*), if any."""
+    """The rendezvous folder a rank process names on its command line (harness.launch.pool's pkb-pool-*), if any."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read().decode(errors="replace").split("\0")

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import failures
+from harness.common import failures
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
-from harness.problem import Problem
-from harness.registry import load_problem_spec
-from harness.results import CandidateInfo, EvalResult, Failure
+from harness.problems.problem import Problem
+from harness.problems.registry import load_problem_spec
+from harness.records.results import CandidateInfo, EvalResult, Failure
 
 # Driver-side bound on one evaluation's Ray task errors kept in an infra_error's evidence.
 MAX_EVIDENCE_CHARS = 4000
@@ -29,7 +29,7 @@ MAX_EVIDENCE_CHARS = 4000
 class EvalRequest:
     """One evaluation, by value: everything a node needs, as plain JSON-able data."""
 
-    problem_spec: str  # Problem.loader_spec; a node loads it with harness.registry.load_problem_spec
+    problem_spec: str  # Problem.loader_spec; a node loads it with harness.problems.registry.load_problem_spec
     candidate_source: str  # the candidate file's content (bytes that are not UTF-8 survive: surrogateescape)
     candidate_name: str  # the driver's path of the file: what the result records as candidate.path
     world_size: int

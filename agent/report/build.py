@@ -22,7 +22,7 @@ from agent import manifest
 from agent.conditions import REPLAY, ZERO_SHOT
 from agent.report import compare, metrics, trajectories
 from agent.report.run_reader import Run, Sample
-from harness.flags import is_emulated, timing_note
+from harness.common.flags import is_emulated, timing_note
 
 REPORT_SCHEMA = "pkb-report/1"
 BASELINE_CONDITION = ZERO_SHOT

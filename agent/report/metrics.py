@@ -9,7 +9,8 @@ left out of n. Per problem with n samples of which c are correct:
     fast_p@k = the same with f = samples that are correct AND have a measured speedup > p that counts
 
 A speedup counts unless the sample is flagged not fast-eligible (`fast_eligible: false` in the record,
-or, in a record without that field, a flag of harness.flags.SPEEDUP_DISQUALIFIERS such as uses_torch_collectives or
+or, in a record without that field, a flag of harness.common.flags.SPEEDUP_DISQUALIFIERS such as
+uses_torch_collectives or
 impossible), or comes from an emulated evaluation (`emulated: true`: ranks shared a GPU, so its timing
 says nothing about the interconnect): such a sample is correct, and never fast. Speedup statistics use
 counted speedups only.
@@ -29,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from harness import failures
-from harness.flags import EMULATED, SPEEDUP_DISQUALIFIERS, fast_eligible, is_emulated
+from harness.common import failures
+from harness.common.flags import EMULATED, SPEEDUP_DISQUALIFIERS, fast_eligible, is_emulated
 
 NO_CODE = "no_code"
 # Failure-class labels in PKB's taxonomy, in the order reports show them; no_code is ours (no candidate).

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from agent.report.build import HEADLINE_METRICS, REPLAY_CONDITION, Report
-from harness.flags import timing_note
+from harness.common.flags import timing_note
 
 NOT_AVAILABLE = "n/a"
 CURVE_TABLE_PS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)

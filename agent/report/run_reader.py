@@ -108,7 +108,7 @@ class Sample(BaseModel):
     transcript: list[Message] = Field(default_factory=list)
     candidates: list[Candidate] = Field(default_factory=list)
     final_code: str | None = None
-    result: dict[str, Any] | None = None  # result.json (harness.results.EvalResult) as stored
+    result: dict[str, Any] | None = None  # result.json (harness.records.results.EvalResult) as stored
 
 
 class Run(BaseModel):

@@ -14,7 +14,7 @@ written in three steps, each recorded as it happens:
     evaluated  the harness scored it (verdict, failure evidence, speedup, roofline fraction and binding
                resource, flags, trusted, GPU seconds, stage seconds, the whole EvalResult)
 
-`trusted`: correct, timed, and free of the integrity flags that void a speedup (harness.flags). Only trusted
+`trusted`: correct, timed, and free of the integrity flags that void a speedup (harness.common.flags). Only trusted
 candidates are ever parents, and the best trusted candidate of each problem is re-scored on fresh seeds
 (table `rescores`) before a report names it. `stops` holds why each problem stopped; `island_members`
 the migrations between islands; `bounds` each problem's roofline bound; `sessions` each start of the
@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.redaction import redact_text
+from harness.records.redaction import redact_text
 
 SCHEMA = "pkb-search-archive/1"
 DECIDED = "decided"
@@ -221,7 +221,7 @@ class Rescore:
 
 
 class _Redacting:
-    """The archive's connection for writes: every text parameter passes harness.redaction first, so no value
+    """The archive's connection for writes: every text parameter passes harness.records.redaction first, so no value
     of the harness's secrets (a candidate's output can carry one) reaches the file."""
 
     def __init__(self, db: sqlite3.Connection) -> None:
@@ -266,7 +266,7 @@ class Archive:
 
     @contextmanager
     def _tx(self) -> Iterator[_Redacting]:
-        """A transaction; every text written through it is redacted first (harness.redaction)."""
+        """A transaction; every text written through it is redacted first (harness.records.redaction)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:

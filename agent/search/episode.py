@@ -35,7 +35,7 @@ from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.usage import PriceTable
 from harness.config import EvalConfig
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 
 @dataclass

@@ -26,8 +26,8 @@ from agent import manifest
 from agent.rundir import read_json, write_json_atomic
 from agent.search.config import SEARCH_SCHEMA, SearchConfig
 from agent.versions import versions
-from harness.environment import environment
-from harness.problem import Problem
+from harness.problems.problem import Problem
+from harness.records.environment import environment
 
 
 class SearchError(ValueError):

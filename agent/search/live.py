@@ -33,7 +33,7 @@ from agent.search.summary import (
     throughput,
     timeline,
 )
-from harness.flags import timing_note
+from harness.common.flags import timing_note
 
 REFRESH_S = 10  # the page's own refresh
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")

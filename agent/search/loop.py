@@ -57,7 +57,7 @@ from agent.search.scoring import (
 )
 from agent.usage import PriceTable
 from harness import cancel
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
 OUTAGE_PAUSES_S = (5.0, 15.0, 60.0, 300.0)  # between attempts, the last one repeated

@@ -37,7 +37,7 @@ from agent.search.config import SearchConfig
 from agent.search.mutator import MutatorChatModel, is_mutator, rates_of
 from agent.search.tunables import AST_LOCK
 from agent.usage import PriceTable, usage_of
-from harness.problem import Problem
+from harness.problems.problem import Problem
 
 MAX_EVIDENCE_CHARS = 600  # of a failure shown to the model
 MAX_NOTE_CHARS = 1000  # of the reply's prose kept in the archive

@@ -36,7 +36,7 @@ from agent.search.summary import (
     throughput,
     timeline,
 )
-from harness.flags import timing_note
+from harness.common.flags import timing_note
 
 MAX_NOTE = 160
 

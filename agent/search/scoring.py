@@ -7,7 +7,7 @@ of the DeviceScheduler (native code built before the lease is taken: the GPU nev
 and with the Ray executor as a task on a node of the cluster. The model is called elsewhere, never inside
 a lease. An `infra_error` (the harness's own failure) is tried again, up to INFRA_ATTEMPTS in all.
 
-The roofline bound of a problem (harness.roofline: interconnect, HBM and FLOP bounds of the reference's
+The roofline bound of a problem (harness.measure.roofline: interconnect, HBM and FLOP bounds of the reference's
 traffic over this machine's ceilings) is computed once per search, on the devices (`bound_on_node`, via
 the executor), and kept in the archive; a candidate's fraction is bound / its median time. On CPU the
 fractions are GPU ceilings over CPU times: tiny, and only proof of the plumbing.
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.executors import request
-from harness import failures
+from harness.common import failures
+from harness.common.flags import SPEEDUP_DISQUALIFIERS
 from harness.config import EvalConfig
-from harness.flags import SPEEDUP_DISQUALIFIERS
-from harness.problem import Problem
-from harness.results import EvalResult
-from harness.roofline import cached_trace, resolve_ceilings, roofline
+from harness.measure.roofline import cached_trace, resolve_ceilings, roofline
+from harness.problems.problem import Problem
+from harness.records.results import EvalResult
 
 INFRA_ATTEMPTS = 3
 MAX_EVIDENCE_CHARS = 4000

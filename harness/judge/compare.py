@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from harness import failures
+from harness.common import failures
 
 SPARSE_DENSE_LIMIT = 1 << 28  # elements: a sparse output larger than this when dense is compared by its entries
 

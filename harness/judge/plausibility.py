@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from harness.integrity import IntegrityConfig
+from harness.common.integrity import IntegrityConfig
 
 
 def timing_problems(times_ms: Iterable[float]) -> list[str]:
@@ -46,11 +46,11 @@ def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, referenc
 
 
 def roofline_bound_ms(problem: Any, shape: str, world_size: int, device: str) -> float | None:
-    """The roofline lower bound of one call, from harness.roofline.lower_bound_ms (GPU runs only; it
+    """The roofline lower bound of one call, from harness.measure.roofline.lower_bound_ms (GPU runs only; it
     traces the reference once in a clean pool of its own, then reads a cache); None where the module or
     a bound is missing, or on any error: a missing bound must never fail an evaluation."""
     try:
-        module = importlib.import_module("harness.roofline")
+        module = importlib.import_module("harness.measure.roofline")
     except ImportError:
         return None
     fn = getattr(module, "lower_bound_ms", None)

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.common.seeds import TIMING_TRIAL_BASE
 from harness.config import TimingConfig
 from harness.judge import timing
 from harness.judge.trials import Trial
-from harness.pool import Hang, PoolError, RankPool
-from harness.problem import Problem
-from harness.results import TimingStats
-from harness.seeds import TIMING_TRIAL_BASE
+from harness.launch.pool import Hang, PoolError, RankPool
+from harness.problems.problem import Problem
+from harness.records.results import TimingStats
 
 
 class ReferenceFailed(RuntimeError):

@@ -10,7 +10,7 @@ import ast
 import threading
 from typing import Any
 
-from harness.ast_names import dotted_name
+from harness.compiling.ast_names import dotted_name
 
 # CPython 3.11's parser is not safe to run from two threads at once ("AST constructor recursion depth
 # mismatch"), and evaluations run concurrently in threads of one harness process (pkb run, pkb search).

@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
+from harness.common.integrity import IntegrityConfig
+from harness.common.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE, fill_recipe
 from harness.config import TimingConfig
-from harness.integrity import IntegrityConfig
-from harness.pool import RankPool
-from harness.results import Clock, TimingStats
-from harness.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE, fill_recipe
+from harness.launch.pool import RankPool
+from harness.records.results import Clock, TimingStats
 
 Ask = Callable[[RankPool, Any, str, float], list[dict[str, Any]]]
 
@@ -55,7 +55,7 @@ class Iteration:
 
     kind: str  # "warmup", "timed", "host", "fresh_pair", "fresh" or "probe" (judged, never counted)
     request: str  # the rank's kind: "warmup", "timed", "host" or "fresh"
-    trial: int  # the trial whose recipes (harness.seeds.fill_recipe) draw its inputs
+    trial: int  # the trial whose recipes (harness.common.seeds.fill_recipe) draw its inputs
     judged: bool
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import failures, hostile_files, integrity
-from harness.integrity import IntegrityConfig
+from harness.common import failures, hostile_files, integrity
+from harness.common.integrity import IntegrityConfig
 from harness.judge.compare import compare_outputs
 from harness.rank import transport
 

@@ -1,6 +1,6 @@
 """Telling a hang from slowness when a phase runs out of time. Judge side.
 
-When a request overruns, the pool takes every rank's stack before it is killed (harness.pool.Hang).
+When a request overruns, the pool takes every rank's stack before it is killed (harness.launch.pool.Hang).
 Among the ranks that had not answered: if any is waiting on another rank (a barrier, a collective, a
 store wait, a device synchronize, which is where a host sits while its GPU spins on a peer's signal),
 the ranks wait on each other: `deadlock`. If every one of them is at work in its own code, nobody waits
@@ -13,7 +13,7 @@ stack is the most useful thing a hung kernel can tell the model that wrote it.
 
 from __future__ import annotations
 
-from harness import failures
+from harness.common import failures
 
 # Frames that mean "this thread waits for another rank" (Python files and functions, native symbols).
 _WAITING = (

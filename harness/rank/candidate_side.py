@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from harness import failures
-from harness.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
+from harness.common import failures
 from harness.rank import refill, transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
+from harness.rank.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
 from harness.rank.timed import TimedSession
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def setup(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     group the inputs name, in the order given (new_group is collective: every rank makes every group)."""
     spec = req.get("problem") or ""
     if spec.startswith("pkb:"):
-        from harness.parallelkernelbench import checkout  # deferred: only a checkout's candidates need it
+        from harness.problems.parallelkernelbench import checkout  # deferred: only a checkout's candidates need it
 
         root, _ = checkout.parse_spec(spec)
         checkout.ensure_importable(root)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness import failures, integrity, seeds
-from harness.candidate import trimmed_traceback
+from harness.common import failures, integrity, seeds
 from harness.rank import refill, transport
 from harness.rank.calls import clone_tree, fingerprint, leaves, same_bytes
+from harness.rank.candidate import trimmed_traceback
 from harness.rank.timed import TimedSession, agree_min, input_sets_needed, l2_and_free
 
 if TYPE_CHECKING:
-    from harness.problem import Problem
+    from harness.problems.problem import Problem
     from harness.rank.worker import Worker
 
 

@@ -7,7 +7,7 @@ the timed window and before the L2 flush, the rank draws that call's inputs anew
 buffers the call will get (in place: same objects, same addresses, new contents); where a draw's structure
 differs from the buffers' (problems whose sizes are random per trial) the call gets the draw itself.
 
-What a rank is handed for a call is a recipe (harness.seeds.fill_recipe): the trial seed its problem
+What a rank is handed for a call is a recipe (harness.common.seeds.fill_recipe): the trial seed its problem
 derives shared metadata from, the same on every rank, and a private seed of its own, independent of every
 peer's. `SplitGenerator` reports the trial seed as `initial_seed() - rank` (the convention problems use
 for metadata every rank must agree on: problems/README.md) while its stream comes from the private seed.
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness import integrity
+from harness.common import integrity
 from harness.rank import pristine
 
 if TYPE_CHECKING:
-    from harness.problem import Problem
+    from harness.problems.problem import Problem
 
 
 class SplitGenerator(torch.Generator):

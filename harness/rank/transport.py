@@ -8,7 +8,7 @@ Two directions, two formats, because they differ in who is trusted:
   an offset the header names. `read_tree` checks every field of a header written by a process that may
   be hostile (sizes, offsets, dtypes, nesting depth, total bytes) and raises TransportError with a
   one-line reason; it never unpickles, and nothing may follow the last tensor's bytes. The judge opens
-  the file through harness.hostile_files (no link followed on the way, a regular file, a size limit
+  the file through harness.common.hostile_files (no link followed on the way, a regular file, a size limit
   checked before reading), so a candidate cannot point it at a file outside its scratch.
 - **Inputs** (the clean reference pool -> a candidate rank): torch.save / torch.load, because PKB inputs
   hold modules, dataclasses and process groups. Only the trusted side writes these and only rank
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness import hostile_files
+from harness.common import hostile_files
 from harness.rank import pristine
 
 HEADER_LIMIT = 16 << 20  # bytes of JSON header a reader accepts
@@ -191,7 +191,7 @@ def _write(path: Path, value: Any) -> int:
 
 # -- outputs: reading (the judge; the file may come from a hostile process) --------------------------
 def open_untrusted(path: Path, limit: int, folder: hostile_files.Folder | None = None) -> bytes:
-    """The bytes of a file a candidate wrote (harness.hostile_files: no link followed, not blocking, a
+    """The bytes of a file a candidate wrote (harness.common.hostile_files: no link followed, not blocking, a
     regular file with one link, at most `limit` bytes). `folder`: the candidate-writable folder it lies in,
     held open by the judge, so no link on the way is followed either."""
     try:

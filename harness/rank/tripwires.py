@@ -170,13 +170,13 @@ _WATCHED: dict[str, tuple[str, ...] | None] = {
     "harness.rank.tripwires": None,
     "harness.rank.pristine": None,
     "harness.rank.refill": None,
-    "harness.integrity": None,
-    "harness.flags": None,
-    "harness.channel": None,
-    "harness.candidate": None,
-    "harness.problem": None,
-    "harness.seeds": None,
-    "harness.failures": None,
+    "harness.common.integrity": None,
+    "harness.common.flags": None,
+    "harness.common.channel": None,
+    "harness.rank.candidate": None,
+    "harness.problems.problem": None,
+    "harness.common.seeds": None,
+    "harness.common.failures": None,
 }
 
 _WATCHED_CLASSES: dict[str, tuple[str, ...]] = {

@@ -3,7 +3,7 @@ and (role "candidate") the candidate. It decides nothing: it answers requests wi
 
 Started by harness.rank.launcher (inside the sandbox for role "candidate"), one process per rank. It
 joins the process group, then answers requests read from a private pipe until told to exit. After the
-"seal" request, replies are signed JSON (harness.channel).
+"seal" request, replies are signed JSON (harness.common.channel).
 
 Two roles, two sets of requests:
 - "trusted" (a pool that never loads candidate code): draws inputs from seeds, runs the reference,
@@ -30,17 +30,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness import channel, failures
-from harness.candidate import trimmed_traceback
+from harness.common import channel, failures
+from harness.common.flags import SPAWNED_THREADS
+from harness.common.seeds import rank_seed
 from harness.emulation import collectives
-from harness.flags import SPAWNED_THREADS
-from harness.problem import Problem
+from harness.problems.problem import Problem
+from harness.problems.registry import load_problem_spec
 from harness.rank import candidate_side, reference_side
+from harness.rank.candidate import trimmed_traceback
 from harness.rank.refill import Draw
 from harness.rank.timed import TimedSession
 from harness.rank.tripwires import CollectiveMonitor, Guard, active_modes
-from harness.registry import load_problem_spec
-from harness.seeds import rank_seed
 
 ROLES = ("trusted", "candidate")
 TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_prepare",
@@ -153,11 +153,11 @@ class Worker:
             reply, self.timing = self.timing.finish(req), None
             return reply
         if op == "trace":  # the reference's collectives and FLOPs, for the roofline
-            from harness import tracing
+            from harness.measure import tracing
 
             return tracing.trace_in_worker(self, req)
         if op == "profile":  # per-rank kernel timeline of reference or candidate
-            from harness import profiling
+            from harness.measure import profiling
 
             return profiling.profile_in_worker(self, req)
         raise ValueError(f"unknown op {op!r}")
@@ -170,7 +170,7 @@ class Worker:
 
 
 def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
-    from harness.flags import TAMPERING  # a local of this frame, bound before any candidate code runs
+    from harness.common.flags import TAMPERING  # a local of this frame, bound before any candidate code runs
 
     sealer: channel.ReplySealer | None = None
     # Held by this frame from the start: replacing Worker or Guard attributes later changes nothing here,

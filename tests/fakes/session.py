@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.results import CandidateInfo, EvalResult, Failure
+from harness.records.results import CandidateInfo, EvalResult, Failure
 from tests.fakes.base import Turn
 
 REPO = Path(__file__).resolve().parents[2]

@@ -470,7 +470,7 @@ class HostProcessGroup(_ProcessGroup):  # type: ignore[misc]  # a base typed Any
 
 
 # Every collective shows in a profile as a named range ("pkbhost:allgather"): torch's profiler records no
-# c10d operator for a backend written in Python, and harness.profiling finds communication by these names.
+# c10d operator for a backend written in Python, and harness.measure.profiling finds communication by these names.
 _ENTRIES = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single",
              "reduce_scatter_single_coalesced", "broadcast", "allgather", "allgather_coalesced", "all_gather_single",
              "all_gather_single_coalesced", "alltoall", "all_to_all_single", "gather", "scatter", "barrier", "send",

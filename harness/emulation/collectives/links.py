@@ -2,7 +2,7 @@
 one thread per group that drains them all into mailboxes. Rank side; standard library only.
 
 Why loopback sockets rather than shared memory: the harness reads the sandbox's loopback byte counter
-from outside the sandbox (harness.pool.RankPool.net_bytes), so every byte a torch collective moves is
+from outside the sandbox (harness.launch.pool.RankPool.net_bytes), so every byte a torch collective moves is
 seen by a process the candidate cannot reach, and `uses_torch_collectives` keeps coming from a signal
 the candidate cannot wind back (tests/exploits/README.md, "Collectives counted from outside").
 
