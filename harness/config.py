@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from harness.common import spin
 from harness.common.integrity import IntegrityConfig
 
 
@@ -20,8 +21,8 @@ class TimingConfig(BaseModel):
     min_input_sets: int = Field(2, ge=1)
     max_input_sets: int = Field(64, ge=1)
     input_memory_fraction: float = Field(0.25, gt=0, le=0.9)
-    min_spin_us: float = 20.0
-    max_spin_us: float = 2000.0
+    min_spin_us: float = spin.MIN_SPIN_US
+    max_spin_us: float = spin.MAX_SPIN_US
 
     @classmethod
     def for_device(cls, device: str) -> TimingConfig:

@@ -15,22 +15,21 @@ import pytest
 
 from agent import cli
 from agent.cli import profile as cli_profile
+from harness.common.kernel_names import short_name
 from harness.measure import ncu as nsight
-from harness.measure.profiling import (
-    ProfileError,
+from harness.measure.profiling import ProfileError, profile
+from harness.problems.registry import get, load_suite
+from harness.rank.timeline import (
     classify,
     cpu_events,
     device_events,
     device_windows,
     idle_gaps,
     intersection_length,
-    profile,
-    short_name,
     summarize,
     summarize_trace,
     union,
 )
-from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 from tools.render import count_tokens
 from tools.summaries import ncu_lines
@@ -386,9 +385,8 @@ def test_gpu_profile_of_the_one_shot_expert_with_ncu():
 
 
 def test_worker_side_modules_import_without_pydantic():
-    # The rank workers import harness.measure.tracing and harness.measure.profiling: torch and the standard library
-    # only.
-    code = ("import sys; sys.modules['pydantic'] = None; import harness.measure.tracing, harness.measure.profiling; "
+    # The rank workers import harness.rank.tracing and harness.rank.timeline: torch and the standard library only.
+    code = ("import sys; sys.modules['pydantic'] = None; import harness.rank.tracing, harness.rank.timeline; "
             "assert 'pydantic' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}")
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True, timeout=300)

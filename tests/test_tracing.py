@@ -2,7 +2,7 @@
 
 One gloo pool per world size serves every case: a "zoo" problem (written to a temporary folder) whose
 shapes each select one collective, traced with the worker's op "trace". Expected bytes are written out
-from the bandwidth-optimal rules of docs/design.md, not from harness.measure.tracing's own functions.
+from the bandwidth-optimal rules of docs/design.md, not from harness.rank.tracing's own functions.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.launch.pool import RankPool
-from harness.measure import tracing
 from harness.problems.problem import load_problem
+from harness.rank import tracing
 
 WORLD_SIZES = (2, 4, 8)
 COLS = 4  # fp32 columns: a row is 16 bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.compiling.kernel_names import short_name
+from harness.common.kernel_names import short_name
 from harness.measure.ncu import STALL_REASONS
 from tools.render import fit_lines
 

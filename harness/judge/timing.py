@@ -37,6 +37,7 @@ import torch
 
 from harness.common.integrity import IntegrityConfig
 from harness.common.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE, fill_recipe
+from harness.common.spin import spin_us
 from harness.config import TimingConfig
 from harness.launch.pool import RankPool
 from harness.records.results import Clock, TimingStats
@@ -161,7 +162,7 @@ def spin_for(warmup: list[list[dict[str, Any]]], config: TimingConfig) -> float:
     enqueue = statistics.median(per_iter) if per_iter else 0.0
     if not math.isfinite(enqueue):
         enqueue = config.max_spin_us
-    return min(config.max_spin_us, max(config.min_spin_us, 4.0 * enqueue + 30.0))
+    return spin_us(enqueue, config.min_spin_us, config.max_spin_us)
 
 
 def drive(pool: RankPool, ask: Ask, plan: Plan, *, n_sets: int, recipes: Callable[[Iteration, int], dict[str, Any]],

@@ -1,7 +1,7 @@
 """The communication-aware roofline: how fast a problem could possibly run on this machine.
 
 For every rank: interconnect bytes sent and received (traced from the reference's torch.distributed
-calls by harness.measure.tracing, or the problem's declared `traffic()`, which wins key by key), HBM bytes
+calls by harness.rank.tracing, or the problem's declared `traffic()`, which wins key by key), HBM bytes
 (inputs plus outputs unless declared) and matrix FLOPs (PyTorch's FLOP counter unless declared). Each
 rank's lower bound is
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import math
 import tempfile
@@ -38,6 +39,7 @@ from harness.judge.reference import ReferenceFailed, time_reference_in_pool
 from harness.launch.pool import Hang, PoolError, RankPool
 from harness.measure.hardware import REFERENCE_CEILINGS, REFERENCE_SOURCE
 from harness.problems.problem import Problem
+from harness.rank import tracing as tracing_rules
 from harness.records.cache_dir import cache_root
 from harness.records.results import EvalResult, TimingStats
 
@@ -114,7 +116,7 @@ def resolve_ceilings(given: Ceilings | Mapping[str, Any] | None = None, device: 
 class KindTotal(BaseModel):
     kind: str
     count: int
-    bytes: int = Field(description="payload S summed over calls, as harness.measure.tracing defines it per kind")
+    bytes: int = Field(description="payload S summed over calls, as harness.rank.tracing defines it per kind")
     send_bytes: int
     recv_bytes: int
     group_size: int
@@ -234,7 +236,7 @@ def build_roofline(problem: str, shape: str, world_size: int, device: str, trace
                    declared: Sequence[Mapping[str, float]] | None, ceilings: Ceilings,
                    reference: TimingStats | None = None, candidate: TimingStats | None = None,
                    margin: float = IMPOSSIBLE_MARGIN) -> Roofline:
-    """The roofline from per-rank traces (harness.measure.tracing replies, in rank order) and declared traffic."""
+    """The roofline from per-rank traces (harness.rank.tracing replies, in rank order) and declared traffic."""
     if len(traced) != world_size:
         raise RooflineError(f"{len(traced)} traces for W={world_size}")
     ranks = [rank_bound(r, traced[r], declared[r] if declared else None, ceilings) for r in range(world_size)]
@@ -294,7 +296,7 @@ def _ask(pool: RankPool, message: dict[str, Any], what: str, timeout: float) -> 
 
 def trace_reference(problem: Problem, shape: str, world_size: int, device: str, *, pool: RankPool | None = None,
                     seed: int = 0, trial: int = TIMING_TRIAL_BASE, timeout: float = 300.0) -> list[dict[str, Any]]:
-    """Every rank's trace of the reference (harness.measure.tracing), on the first timed input set by default.
+    """Every rank's trace of the reference (harness.rank.tracing), on the first timed input set by default.
     A pool that is given is reused (and killed if the trace fails); otherwise one is started and closed."""
     message = {"op": "trace", "problem": problem.loader_spec, "shape": shape, "seed": seed, "trial": trial}
     if pool is not None:
@@ -352,7 +354,7 @@ def roofline(problem: Problem, shape: str, world_size: int, device: str,
 def trace_cache_path(problem: Problem, shape: str, world_size: int, device: str) -> Path:
     """Where a reference's trace is kept: keyed by the problem's source, the shape, W, the device, torch
     and the tracing rules themselves, so any change to one of them traces again."""
-    rules = hashlib.sha256(Path(__file__).with_name("tracing.py").read_bytes()).hexdigest()[:12]
+    rules = hashlib.sha256(Path(inspect.getfile(tracing_rules)).read_bytes()).hexdigest()[:12]
     key = "|".join([problem.name, problem.source_sha256[:16], shape, str(world_size), device, torch.__version__, rules])
     root = cache_root() / "roofline"
     return root / f"{problem.name}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"

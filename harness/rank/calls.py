@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
+from harness.common.spin import SM_CYCLES_PER_S
 from harness.rank import pristine
 
 # Bound at import, before any candidate exists.
 _cuda_sleep: Callable[[int], None] = torch.cuda._sleep  # torch leaves _sleep(cycles) unannotated
 _cuda_synchronize = torch.cuda.synchronize
 _sleep = time.sleep
-SM_CYCLES_PER_S = 1.98e9  # H200 SM clock under load; a device spin is sized in cycles
 
 
 def leaves(value: Any) -> Iterator[Any]:

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.common.spin import cycles as spin_cycles
 from harness.rank import refill, transport
-from harness.rank.calls import SM_CYCLES_PER_S, clone_tree, fingerprint, same_bytes, snapshot
+from harness.rank.calls import clone_tree, fingerprint, same_bytes, snapshot
 
 _clock = time.perf_counter
 _Event = torch.cuda.Event
@@ -188,7 +189,7 @@ class TimedSession:
         elif self.cuda:
             assert self.flush is not None
             self.flush.zero_()
-            _cuda_sleep(int(float(req.get("spin_us", 0.0)) * SM_CYCLES_PER_S / 1e6))
+            _cuda_sleep(spin_cycles(float(req.get("spin_us", 0.0))))
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             t0 = _clock()
             device_barrier(self.device, self.token)

@@ -177,6 +177,7 @@ _WATCHED: dict[str, tuple[str, ...] | None] = {
     "harness.problems.problem": None,
     "harness.common.seeds": None,
     "harness.common.failures": None,
+    "harness.common.spin": None,
 }
 
 _WATCHED_CLASSES: dict[str, tuple[str, ...]] = {

@@ -153,13 +153,13 @@ class Worker:
             reply, self.timing = self.timing.finish(req), None
             return reply
         if op == "trace":  # the reference's collectives and FLOPs, for the roofline
-            from harness.measure import tracing
+            from harness.rank import tracing  # deferred: only a trusted pool that traces loads it
 
             return tracing.trace_in_worker(self, req)
         if op == "profile":  # per-rank kernel timeline of reference or candidate
-            from harness.measure import profiling
+            from harness.rank import timeline  # deferred: only a pool that profiles loads it
 
-            return profiling.profile_in_worker(self, req)
+            return timeline.profile_in_worker(self, req)
         raise ValueError(f"unknown op {op!r}")
 
     def thread_flags(self) -> list[str]:
