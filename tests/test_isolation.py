@@ -27,7 +27,8 @@ from harness.common.channel import ReplySealer, open_sealed
 from harness.compiling.compile import compile_candidate, extensions_dir
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.launch.pool import LEGACY_AGE_S, Hang, RankPool, _process_identity, reap_stale_folders
+from harness.launch.leftovers import LEGACY_AGE_S, process_identity, reap_stale_folders
+from harness.launch.pool import Hang, RankPool
 from harness.launch.sandbox import SandboxPolicy, probe
 from harness.launch.sandbox.memory import memory_cgroup_parent
 from harness.launch.sandbox.private import stage_file
@@ -465,10 +466,10 @@ def test_only_pool_folders_whose_owner_is_gone_are_reaped(tmp_path):
         return path
 
     gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    gone_identity = _process_identity(gone.pid)
+    gone_identity = process_identity(gone.pid)
     gone.kill()
     gone.wait()
-    mine = _process_identity(os.getpid())
+    mine = process_identity(os.getpid())
     assert gone_identity and mine
     dead = folder("dead", gone_identity)
     live = folder("live", mine)
@@ -486,7 +487,7 @@ def test_a_reaped_folder_ends_what_its_ranks_left_and_only_that(tmp_path):
     dead pool's marker, and never acts on a marker line that is not one (the folder is writable by
     candidates)."""
     gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    dead_owner = _process_identity(gone.pid)
+    dead_owner = process_identity(gone.pid)
     gone.kill()
     gone.wait()
     marker = "PKB_POOL=" + "ab" * 12

@@ -16,42 +16,41 @@ rank writes after that point is unpickled. A rank runs hostile code, so a reply 
 When a request overruns, `Hang.stacks` holds every rank's Python stack (py-spy where installed, else
 the worker's faulthandler), taken before the pool is killed: harness.judge.watchdog reads them to tell
 ranks that wait on each other (deadlock) from ranks that are busy (timeout).
+
+Beside this module: the reply protocol and the draining of the pipes (harness.launch.replies), stack
+capture (harness.launch.stacks), and what a killed harness left behind (harness.launch.leftovers).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import secrets
 import select
-import shutil
 import signal
-import struct
 import subprocess
 import sys
-import tempfile
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 from harness import cancel
 from harness.common import channel, failures, hostile_files
 from harness.common.paths import REPO_ROOT
 from harness.emulation import layout
+from harness.launch import leftovers
+from harness.launch.replies import RankPipes, drain, keyed_by_rank, parse_frame
 from harness.launch.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 from harness.launch.sandbox.limits import SandboxLimits
-from harness.launch.sandbox.memory import MemoryCgroup, sweep_orphans
+from harness.launch.sandbox.memory import MemoryCgroup
 from harness.launch.sandbox.namespace import children as _children
 from harness.launch.sandbox.namespace import pid_namespace_members as _pid_namespace_members
 from harness.launch.sandbox.namespace import sandbox_init as _sandbox_init
 from harness.launch.sandbox.policy import SANDBOX_UID
-from harness.launch.sandbox.private import OWNER_FILE, hand_over, private_folder, private_root_path, remove_private
+from harness.launch.sandbox.private import OWNER_FILE, hand_over, private_folder, remove_private
 from harness.launch.sandbox.watch import SandboxWatch
+from harness.launch.stacks import capture as capture_stacks
 from harness.records.cache_dir import cache_root
 from harness.records.redaction import redact_bytes
 
@@ -62,8 +61,9 @@ SAFE_ENV = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 OUTPUT_CAP = 64 << 20  # bytes of stdout+stderr a pool's ranks may write together
-LOG_TAIL = 200_000  # bytes of each rank's output kept
 PROCESS_LIMIT_PER_RANK = 64  # processes a sandbox may hold per rank (compilers included)
+# The candidate's own folders in its scratch (TMPDIR, caches, HOME), made when the pool starts.
+SCRATCH_DIRS = ("tmp", "cache", "home")
 
 
 class PoolError(RuntimeError):
@@ -93,110 +93,6 @@ class Hang(RuntimeError):
         self.stacks = stacks or {}
 
 
-# -- folders of pools whose harness was killed -----------------------------------------------------
-# A pool removes its folder when closed or killed, but a harness killed with SIGKILL (a `pkb run` stopped
-# mid-evaluation) cannot: its ranks die of a broken pipe and the folder stays. Every pool notes its
-# owner (pid and process start time, so a recycled pid is not mistaken for it) and, on start, removes
-# the folders whose owner is gone.
-FOLDER_PREFIX = "pkb-pool-"
-# The candidate's own folders in its scratch (TMPDIR, caches, HOME), made when the pool starts.
-SCRATCH_DIRS = ("tmp", "cache", "home")
-# Every rank of a pool, and so everything a rank starts, carries POOL_MARKER=<random hex> in its
-# environment; the owner file keeps it, so what outlived a killed harness can be found too.
-POOL_MARKER = "PKB_POOL"
-_MARKER_LINE = re.compile(rf"{POOL_MARKER}=[0-9a-f]{{24}}")
-LEGACY_AGE_S = 3600.0  # a folder without an owner file (an older version's) counts as stale after this
-
-
-def _process_identity(pid: int) -> str | None:
-    """'pid starttime' on Linux (starttime from /proc: unique per boot), 'pid' elsewhere; None if no such
-    process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f"{pid} {f.read().rsplit(')', 1)[1].split()[19]}"
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return None if Path("/proc/self/stat").exists() else str(pid)
-
-
-def _owner_alive(identity: str) -> bool:
-    fields = identity.split()
-    if not fields or not fields[0].isdigit():
-        return False
-    return _process_identity(int(fields[0])) == identity
-
-
-def reap_stale_folders(root: Path | None = None, now: float | None = None) -> list[Path]:
-    """Remove the harness's folders under `root` (default: every folder of the private root, and pool
-    folders in TMPDIR, where older versions kept them) whose owning harness process is gone, and end the
-    processes that a pool's ranks left behind."""
-    removed = []
-    now = time.time() if now is None else now
-    if root is None:
-        sweep_orphans()  # the memory cgroups of sandboxes whose harness was killed
-    # In the private root every folder is the harness's (evaluations' too: a killed one leaves its copy of
-    # the candidate and the reference's outputs); elsewhere only pool folders are.
-    private = private_root_path()
-    roots = [root] if root is not None else [private, Path(tempfile.gettempdir())]
-    for folder in [f for r in roots for f in r.glob("*" if r == private else f"{FOLDER_PREFIX}*")]:
-        marker = None
-        try:
-            # Not followed, never blocking, bounded: without a sandbox a candidate could have planted it.
-            owner = hostile_files.read_bytes(folder / OWNER_FILE, 4096).decode(errors="replace")
-            identity, _, rest = owner.partition("\n")
-            identity, rest = identity.strip(), rest.strip()
-            # Only a well-formed marker: the folder is writable by candidates, and a line such as
-            # PATH=/usr/bin would otherwise name every process of this user.
-            marker = rest if _MARKER_LINE.fullmatch(rest) else None
-        except (hostile_files.HostileFile, FileNotFoundError):
-            try:
-                stale = now - folder.stat().st_mtime > LEGACY_AGE_S  # young: a pool still writing its owner
-            except OSError:
-                continue
-        except OSError:
-            continue
-        else:
-            stale = bool(identity) and not _owner_alive(identity)
-        if stale and folder.is_dir():
-            if marker:
-                channel.kill_marked(marker)
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    if root is None:
-        with contextlib.suppress(OSError):  # not empty: live evaluations' folders are in it
-            private.rmdir()
-    return removed
-
-
-@dataclass
-class _Rank:
-    rank: int
-    requests: Connection
-    replies: Connection
-    events_fd: int
-    log_fd: int
-    log: bytearray = field(default_factory=bytearray)
-    log_bytes: int = 0
-    events: Counter[str] = field(default_factory=Counter)
-    events_buffer: bytes = b""
-    returncode: int | None = None
-    inner_pid: int | None = None
-    host_pid: int | None = None
-    building_since: float | None = None  # a native build inside a call began (monotonic), not yet ended
-    build_seconds: float = 0.0
-
-
-def _keyed_by_rank(message: dict[str, Any] | dict[int, dict[str, Any]]) -> TypeGuard[dict[int, dict[str, Any]]]:
-    """Whether a request is one message per rank, keyed by rank (else one message for every rank)."""
-    return all(isinstance(k, int) for k in message)
-
-
 def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(SAFE_ENV)
@@ -207,17 +103,6 @@ def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra or {})
     return env
-
-
-def _inner_pids(host_pid: int) -> list[int]:
-    """The NSpid chain of a process: its pid as seen from each nested PID namespace, outermost first."""
-    try:
-        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
 
 
 class RankPool:
@@ -268,7 +153,7 @@ class RankPool:
         else:
             self.sandbox = probe()
         self.sandbox_limits = sandbox_limits or SandboxLimits.for_ranks(world_size)
-        self.ranks: list[_Rank] = []
+        self.ranks: list[RankPipes] = []
         self.folder: Path | None = None  # under the private root: owner file, sandbox log, scratch
         self.scratch: Path | None = None
         # The scratch held open from before any rank started: the one way the harness touches what the
@@ -289,7 +174,7 @@ class RankPool:
         self._nonce = ""
         # In every rank's environment, so inherited by all they start: kill() finds by it what left
         # the ranks' sessions (unsandboxed pools).
-        self._marker = f"{POOL_MARKER}={secrets.token_hex(12)}"  # matches _MARKER_LINE
+        self._marker = f"{leftovers.POOL_MARKER}={secrets.token_hex(12)}"  # matches leftovers.MARKER_LINE
         self._buffers: dict[int, bytearray] = {}
         self._process_check_at = 0.0
         self._started_at = 0.0
@@ -307,9 +192,9 @@ class RankPool:
     def launch(self) -> RankPool:
         """Start the processes; wait_ready() waits for them. Between the two the harness may do other work."""
         self._started_at = time.perf_counter()
-        reap_stale_folders()
-        self.folder = folder = private_folder(FOLDER_PREFIX)
-        (folder / OWNER_FILE).write_text(f"{_process_identity(os.getpid()) or ''}\n{self._marker}\n")
+        leftovers.reap_stale_folders()
+        self.folder = folder = private_folder(leftovers.FOLDER_PREFIX)
+        (folder / OWNER_FILE).write_text(f"{leftovers.process_identity(os.getpid()) or ''}\n{self._marker}\n")
         self.scratch = self._make_scratch(folder / "scratch")
         child_fds: list[int] = []
         entries = []
@@ -325,7 +210,7 @@ class RankPool:
             entries.append({"rank": rank, "request_fd": req_r, "reply_fd": rep_w, "events_fd": ev_w,
                             "log_fd": log_w, "prefix": self.rank_prefix.get(rank, []),
                             "args": ["--device-index", str(device_index[rank])] if device_index else []})
-            self.ranks.append(_Rank(rank, Connection(req_w, readable=False), Connection(rep_r, writable=False),
+            self.ranks.append(RankPipes(rank, Connection(req_w, readable=False), Connection(rep_r, writable=False),
                                     ev_r, log_r))
         status_r, status_w = os.pipe()
         os.set_blocking(status_r, False)
@@ -337,7 +222,7 @@ class RankPool:
                                 *(["--emulate"] if self.ranks_per_gpu > 1 else [])]}
         command = [sys.executable, "-m", "harness.rank.launcher", json.dumps(spec)]
         env = worker_env(self.device, self.extra_env)
-        env[POOL_MARKER] = self._marker.split("=", 1)[1]
+        env[leftovers.POOL_MARKER] = self._marker.split("=", 1)[1]
         if visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_gpus
         if self.role == "candidate":
@@ -502,7 +387,7 @@ class RankPool:
         stack = [self.proc.pid]
         while stack:
             pid = stack.pop()
-            chain = _inner_pids(pid)
+            chain = leftovers.inner_pids(pid)
             if len(chain) > 1 and chain[-1] in wanted:
                 wanted[chain[-1]].host_pid = pid
             stack.extend(_children(pid))
@@ -648,7 +533,7 @@ class RankPool:
         self._limit_reached(failed=False)  # the watch ended the sandbox between two requests
         if not self.alive:
             raise PoolError("the rank pool is not running")
-        per_rank = message if _keyed_by_rank(message) else None
+        per_rank = message if keyed_by_rank(message) else None
         self._nonce = secrets.token_hex(16)  # a reply to an earlier request can never pass for this one's
         started = self._last_reply_at = time.perf_counter()
         for r in self.ranks:
@@ -673,7 +558,7 @@ class RankPool:
         replies: dict[int, dict[str, Any]] = {}
         by_conn = {r.replies: r for r in self.ranks}
 
-        def take(r: _Rank, reply: dict[str, Any] | None) -> None:
+        def take(r: RankPipes, reply: dict[str, Any] | None) -> None:
             nonlocal deadline
             if reply is None:
                 return  # part of a message: keep reading until the deadline
@@ -684,7 +569,7 @@ class RankPool:
 
         if self._keys is not None:
             for r in self.ranks:  # a frame already buffered (extra bytes from an earlier read) comes first
-                take(r, self._parse(r))
+                take(r, parse_frame(self._buffers[r.rank], self._keys[r.rank], self._nonce, r.rank))
         while len(replies) < self.world_size:
             cancel.check()  # Ctrl-C: the pool is being killed; its caller's cleanup ends it for good
             remaining = deadline - time.monotonic()
@@ -717,50 +602,14 @@ class RankPool:
         self._limit_reached(failed=any(not reply.get("ok") for reply in replies.values()))
         return replies
 
-    def _drain(self, r: _Rank, kind: str) -> None:
-        """Read what a rank's log or events pipe holds now. Logs: keep the tail, count every byte, fail
-        the pool past the cap. Events: one line per collective, counted by name."""
-        fd = r.log_fd if kind == "log" else r.events_fd
-        while fd >= 0:
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                return
-            except OSError:
-                chunk = b""
-            if not chunk:
-                # The writer is gone; stop watching this descriptor.
-                if kind == "log":
-                    os.close(fd)
-                    r.log_fd = -1 - r.rank  # negative: never polled again, never a real descriptor
-                else:
-                    os.close(fd)
-                    r.events_fd = -101 - r.rank
-                return
-            if kind == "log":
-                r.log_bytes += len(chunk)
-                r.log += chunk
-                if len(r.log) > LOG_TAIL:
-                    del r.log[:len(r.log) - LOG_TAIL]
-                total = sum(x.log_bytes for x in self.ranks)
-                if total > self.output_cap:
-                    raise RankMisbehaved(r.rank, f"the ranks wrote more than {self.output_cap >> 20} MiB to stdout "
-                                                 f"and stderr (rank {r.rank} wrote {r.log_bytes >> 20} MiB)")
-            else:
-                data = r.events_buffer + chunk
-                *lines, r.events_buffer = data.split(b"\n")
-                for line in lines:
-                    name = line.decode(errors="replace").strip()[:64]
-                    if name == "build_start":
-                        r.building_since = time.monotonic()
-                    elif name == "build_end":
-                        if r.building_since is not None:
-                            r.build_seconds += time.monotonic() - r.building_since
-                        r.building_since = None
-                    elif name:
-                        r.events[name] += 1
-                if len(r.events_buffer) > 4096:
-                    r.events_buffer = b""
+    def _drain(self, r: RankPipes, kind: str) -> None:
+        drain(r, kind, self._over_cap)
+
+    def _over_cap(self, r: RankPipes) -> None:
+        total = sum(x.log_bytes for x in self.ranks)
+        if total > self.output_cap:
+            raise RankMisbehaved(r.rank, f"the ranks wrote more than {self.output_cap >> 20} MiB to stdout "
+                                         f"and stderr (rank {r.rank} wrote {r.log_bytes >> 20} MiB)")
 
     def take_events(self) -> dict[int, dict[str, int]]:
         """Collectives each rank's monitor reported since the last call (drained now)."""
@@ -805,43 +654,18 @@ class RankPool:
         return None
 
     def stacks(self, timeout: float = 15.0) -> dict[int, str]:
-        """Every live rank's Python stack: py-spy (from outside) where it is installed, else the worker's
-        faulthandler (SIGUSR1; the dump lands in its log)."""
-        pids = {r.rank: r.host_pid for r in self.ranks if r.host_pid}
-        spy = shutil.which("py-spy")
-        out: dict[int, str] = {}
-        if spy:
-            procs = {rank: subprocess.Popen([spy, "dump", "--pid", str(pid)], stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-                     for rank, pid in pids.items()}
-            deadline = time.monotonic() + timeout
-            for rank, proc in procs.items():
-                try:
-                    text, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-                    out[rank] = text.decode(errors="replace")[-6000:]
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.communicate()
-            if all(("Thread" in text) for text in out.values()) and len(out) == len(pids):
-                return out
-        marks = {}
-        for r in self.ranks:
-            if r.host_pid:
-                marks[r.rank] = len(r.log)
-                try:
-                    os.kill(r.host_pid, signal.SIGUSR1)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        time.sleep(0.5)
-        for r in self.ranks:
-            if r.rank in marks and r.rank not in out:
-                self._drain(r, "log")
-                dump = bytes(r.log[marks[r.rank]:]).decode(errors="replace")
-                if "File " in dump:
-                    out[r.rank] = dump[-6000:]
-        return out
+        """Every live rank's Python stack (harness.launch.stacks)."""
 
-    def _read_startup(self, r: _Rank) -> dict[str, Any]:
+        def log_length(rank: int) -> int:
+            return len(self.ranks[rank].log)
+
+        def log_since(rank: int, mark: int) -> str:
+            self._drain(self.ranks[rank], "log")
+            return bytes(self.ranks[rank].log[mark:]).decode(errors="replace")
+
+        return capture_stacks({r.rank: r.host_pid for r in self.ranks if r.host_pid}, log_length, log_since, timeout)
+
+    def _read_startup(self, r: RankPipes) -> dict[str, Any]:
         """Before sealing only the worker's own code has run (no problem, no candidate): pickle is safe."""
         try:
             # Only the worker's own startup code has sent on this pipe, and it sends dicts.
@@ -849,7 +673,7 @@ class RankPool:
         except (EOFError, OSError):
             return self._death_reply(r)
 
-    def _read_sealed(self, r: _Rank) -> dict[str, Any] | None:
+    def _read_sealed(self, r: RankPipes) -> dict[str, Any] | None:
         """What is readable now on rank r's reply pipe: a reply, or None for 'not a whole frame yet'."""
         try:
             chunk = os.read(r.replies.fileno(), 1 << 20)
@@ -858,26 +682,8 @@ class RankPool:
         if not chunk:
             return self._death_reply(r)
         self._buffers[r.rank] += chunk
-        return self._parse(r)
-
-    def _parse(self, r: _Rank) -> dict[str, Any] | None:
-        """One signed reply from rank r's buffered bytes, a tampering reply, or None for 'not yet'."""
-        buf = self._buffers[r.rank]
-        if len(buf) < 4:
-            return None
-        (size,) = struct.unpack("!i", bytes(buf[:4]))  # multiprocessing.Connection's frame header
-        if size < 0 or size > channel.MAX_REPLY_BYTES:
-            buf.clear()
-            return channel.forged_reply(r.rank, f"a reply announced {size} bytes")
-        if len(buf) < 4 + size:
-            return None
-        frame = bytes(buf[4:4 + size])
-        del buf[:4 + size]
         assert self._keys is not None
-        reply = channel.open_sealed(frame, self._keys[r.rank], self._nonce)
-        if reply is None or reply.get("rank") != r.rank:
-            return channel.forged_reply(r.rank, "a reply failed authentication")
-        return reply
+        return parse_frame(self._buffers[r.rank], self._keys[r.rank], self._nonce, r.rank)
 
     def _read_status(self, wait_s: float) -> None:
         """Exit codes the launcher reported (a line per rank that ended)."""
@@ -906,7 +712,7 @@ class RankPool:
             if time.monotonic() >= deadline:
                 return
 
-    def _death_reply(self, r: _Rank) -> dict[str, Any]:
+    def _death_reply(self, r: RankPipes) -> dict[str, Any]:
         """The reply of a rank whose process is gone. `died` marks it as the root failure: its peers then
         fail on the broken connection, and their replies must not be taken for the cause."""
         if r.returncode is None:
@@ -920,7 +726,7 @@ class RankPool:
     def log_tail(self, rank: int, limit: int = 3000) -> str:
         return self._log_tail(self.ranks[rank], limit) if rank < len(self.ranks) else ""
 
-    def _log_tail(self, r: _Rank, limit: int = 3000) -> str:
+    def _log_tail(self, r: RankPipes, limit: int = 3000) -> str:
         return bytes(r.log[-limit:]).decode(errors="replace")
 
     def _log_tails(self, ranks: list[int]) -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 from harness.launch.sandbox.namespace import start_time
 
 ROOT_PREFIX = "pkb-"
-# Every folder made here names its maker ("pid starttime"): harness.launch.pool.reap_stale_folders removes those whose
-# maker was killed before it could (a `pkb run` stopped with SIGKILL, a Ray worker killed mid-evaluation).
+# Every folder made here names its maker ("pid starttime"): harness.launch.leftovers.reap_stale_folders removes
+# those whose maker was killed before it could (a `pkb run` stopped with SIGKILL, a Ray worker killed
+# mid-evaluation).
 OWNER_FILE = "owner"
 
 
