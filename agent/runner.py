@@ -79,6 +79,7 @@ from harness.common.flags import is_emulated
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation import layout
 from harness.measure import topology
+from harness.measure.discovery import TopologyError
 from harness.problems.problem import Problem
 from harness.records.environment import environment
 from tools.bash import prepare as prepare_shell
@@ -205,7 +206,7 @@ def topology_record(device: str) -> dict[str, Any] | None:
         return None
     try:
         profile = topology.load()
-    except topology.TopologyError:
+    except TopologyError:
         return None
     return profile.model_dump(mode="json") if profile is not None else None
 

@@ -16,12 +16,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.launch.pool import SAFE_ENV  # noqa: E402
+from harness.common.safe_env import SAFE_ENV  # noqa: E402
 
 os.environ.update(SAFE_ENV)  # before torch touches a GPU: NVLink multicast stays off
 
 from harness.config import TimingConfig  # noqa: E402
-from harness.measure.topology import MiB, Profile, calibrate, ceilings, discover, save  # noqa: E402
+from harness.measure.calibration import MiB, calibrate  # noqa: E402
+from harness.measure.discovery import discover  # noqa: E402
+from harness.measure.topology import Profile, ceilings, save  # noqa: E402
 from harness.records.environment import hardware_key  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.measure import topology  # noqa: E402
+from harness.measure import calibration  # noqa: E402
 
 GiB = 1 << 30
 
@@ -49,9 +49,9 @@ def busy(device: int, seconds: float) -> None:
 
 def matmul_variants(device: int, log: dict) -> None:
     n = 8192
-    log[f"mm{device}_as_calibrate"] = topology.matmul_rate(device, n) / 1e12
+    log[f"mm{device}_as_calibrate"] = calibration.matmul_rate(device, n) / 1e12
     busy(device, 1.0)
-    log[f"mm{device}_after_1s_busy"] = topology.matmul_rate(device, n) / 1e12
+    log[f"mm{device}_after_1s_busy"] = calibration.matmul_rate(device, n) / 1e12
     a = torch.randn(n, n, dtype=torch.bfloat16, device=f"cuda:{device}")
     b = torch.randn(n, n, dtype=torch.bfloat16, device=f"cuda:{device}")
     torch.cuda.synchronize(device)
@@ -72,11 +72,11 @@ def matmul_variants(device: int, log: dict) -> None:
 
 def copy_variants(log: dict) -> None:
     for order in ((0, 1), (1, 0), (0, 1), (1, 0)):
-        p = topology.peer_copy(*order, nbytes=GiB)
+        p = calibration.peer_copy(*order, nbytes=GiB)
         log.setdefault(f"peer_{order[0]}to{order[1]}_GBps", []).append(p.bytes_per_s / 1e9)
     # the same copies timed by the host clock around ten of them (no events at all)
     for src, dst in ((0, 1), (1, 0)):
-        a = topology._random_bytes(GiB, src)
+        a = calibration._random_bytes(GiB, src)
         b = torch.empty(GiB, dtype=torch.uint8, device=f"cuda:{dst}")
         b.copy_(a)
         torch.cuda.synchronize(src)

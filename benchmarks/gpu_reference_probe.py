@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def rank_main(rank: int, args: argparse.Namespace, init_file: str) -> None:
+    from harness.measure.calibrate_worker import time_calls  # the ranks' per-call protocol, in process
     from harness.problems.registry import get, load_suite  # in the child, after spawn
-    from harness.timing import time_function
 
     faulthandler.dump_traceback_later(args.stall_s, repeat=True)
     device = torch.device("cuda", rank)
@@ -52,9 +52,9 @@ def rank_main(rank: int, args: argparse.Namespace, init_file: str) -> None:
     for i in range(3):
         module.solution(*inputs)
         stamp(f"call {i}")
-    timed = time_function(module.solution, make_set, device, {"warmup": 3, "iters": 10, "host_iters": 3})
-    stamp(f"time_function: median {sorted(timed['times_ms'])[len(timed['times_ms']) // 2] * 1e3:.1f} us, "
-          f"{timed['input_sets']} input sets, spin {timed['spin_us']:.0f} us, enqueue {timed['enqueue_us']:.0f} us")
+    timed = time_calls(module.solution, [inputs, make_set(1)], device, {"warmup": 3, "iters": 10, "host_iters": 3})
+    stamp(f"time_calls: median {sorted(timed['times_ms'])[len(timed['times_ms']) // 2] * 1e3:.1f} us, "
+          f"{timed['input_sets']} input sets, spin {timed['spin_us']:.0f} us")
     dist.destroy_process_group()
 
 

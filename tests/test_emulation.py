@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness.common.safe_env import SAFE_ENV
 from harness.emulation import driver, errors, installer, layout, memory, rendezvous, selftest
 from harness.emulation.errors import NotAvailableInEmulation
 from harness.emulation.handle import EmulatedSymmetricMemory
@@ -377,5 +378,5 @@ SINGLE_RANK = textwrap.dedent("""
 @pytest.mark.gpu(count=1)
 def test_single_rank_handle_on_a_gpu():
     proc = subprocess.run([sys.executable, "-c", SINGLE_RANK], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **installer.SAFE_ENV, "PYTHONPATH": str(ROOT)})
+                          timeout=300, env={**os.environ, **SAFE_ENV, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and "single-rank ok" in proc.stdout, proc.stdout + proc.stderr

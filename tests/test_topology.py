@@ -11,35 +11,33 @@ import pytest
 
 from agent import cli
 from agent.cli import topology as cli_topology
+from harness.common.safe_env import SAFE_ENV
 from harness.config import TimingConfig
-from harness.launch.pool import SAFE_ENV
-from harness.measure import topology
-from harness.measure.hardware import datasheet
-from harness.measure.topology import (
+from harness.measure import discovery
+from harness.measure.calibration import (
     AllReducePoint,
     Calibration,
     GiB,
-    Gpu,
     MiB,
-    NvLink,
     PeerCopy,
-    Profile,
-    Topology,
-    TopologyError,
     all_reduce_curve,
     bus_bandwidth,
-    cache_path,
     calibrate,
-    ceilings,
+)
+from harness.measure.discovery import (
+    Gpu,
+    NvLink,
+    Topology,
+    TopologyError,
     discover,
-    load,
     multicast_disabled_by_policy,
     nvlink_count,
     nvml_field_number,
     parse_nvlink_status,
     parse_topo_matrix,
-    save,
 )
+from harness.measure.hardware import datasheet
+from harness.measure.topology import Profile, cache_path, ceilings, load, save
 from harness.records.environment import hardware_key
 from tests.conftest import live_children
 
@@ -391,8 +389,8 @@ def fake_gpu_machine(monkeypatch, nvml: FakeNvml | None, smi: dict[str, str | No
     monkeypatch.setattr("torch.cuda.get_device_properties", lambda i: props[i])
     monkeypatch.setattr("torch.cuda.can_device_access_peer", lambda i, j: True)
     monkeypatch.setattr("torch.cuda.nccl.version", lambda: (2, 28, 3))
-    monkeypatch.setattr(topology, "_multicast_attribute", lambda i: True)
-    monkeypatch.setattr(topology, "_run", lambda argv: smi.get(" ".join(argv[1:3])))
+    monkeypatch.setattr(discovery, "_multicast_attribute", lambda i: True)
+    monkeypatch.setattr(discovery, "_run", lambda argv: smi.get(" ".join(argv[1:3])))
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     for key, value in SAFE_ENV.items():
@@ -421,7 +419,7 @@ def test_discover_takes_speeds_from_nvidia_smi_when_nvml_has_none(monkeypatch):
 def test_discover_without_pynvml_uses_nvidia_smi(monkeypatch):
     fake_gpu_machine(monkeypatch, None, {"topo -m": TOPO_H200, "nvlink -s": NVLINK_H200,
                                          "--query-gpu=driver_version --format=csv,noheader": "580.95.05\n"})
-    monkeypatch.setattr(topology, "_run", lambda argv: {"topo": TOPO_H200, "nvlink": NVLINK_H200}.get(
+    monkeypatch.setattr(discovery, "_run", lambda argv: {"topo": TOPO_H200, "nvlink": NVLINK_H200}.get(
         argv[1], "580.95.05\n"))
     topo = discover()
     assert topo.nvlink_source == "nvidia-smi" and topo.driver == "580.95.05"
@@ -431,7 +429,7 @@ def test_discover_without_pynvml_uses_nvidia_smi(monkeypatch):
 
 def test_discover_without_any_nvlink_says_so(monkeypatch):
     fake_gpu_machine(monkeypatch, None, {})
-    monkeypatch.setattr(topology, "_run", lambda argv: TOPO_PCIE if argv[1] == "topo" else None)
+    monkeypatch.setattr(discovery, "_run", lambda argv: TOPO_PCIE if argv[1] == "topo" else None)
     topo = discover()
     assert topo.nvlink_source == "none" and topo.link_spec_bytes_per_s is None
     assert topo.interconnect == [["X", "PHB"], ["PHB", "X"]]
@@ -447,7 +445,7 @@ def test_discover_prefers_nvidia_smi_speed_when_nvml_disagrees(monkeypatch):
 
 def test_cli_shows_the_cached_calibration_of_this_environment(pkb, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("harness.measure.topology.discover", h200_topology)
+    monkeypatch.setattr("harness.measure.discovery.discover", h200_topology)
     save(Profile(hardware_key=hardware_key(), topology=h200_topology(), calibration=h200_calibration()))
     assert pkb(["topology"]) == 0
     out = capsys.readouterr().out

@@ -11,28 +11,34 @@ import re
 from pathlib import Path
 from typing import Any
 
+from harness.common import failures
 from harness.evaluate import evaluate
 from harness.records.results import EvalResult
 from tools.base import ToolContext, ToolOutcome, bounded, stopwatch
 from tools.render import Block, Keep
 
+# What each verdict but `correct` means for the model (the verdicts themselves: harness.common.failures).
 HINTS = {
-    "compile_error": "The file did not compile. Line numbers are the Python file's, or the CUDA source's for "
-                     "nvcc/NVRTC errors.",
-    "api_error": "`solution` must be defined at module level with the reference's parameters, and every import "
-                 "must exist on this machine.",
-    "runtime_error": "An exception on this rank (traceback below). Its peers may have been left waiting, so only "
-                     "the first failing rank is reported.",
-    "shape_mismatch": "Return the same structure, shapes and dtypes as the reference, on every rank.",
-    "output_mismatch": "Values differ. Check which rank owns which slice (data partitioning), that every rank "
-                       "reads peer data only after a barrier with acquire, and that no buffer is overwritten "
-                       "while a peer may still read it.",
-    "deadlock": "A rank never finished: every rank must make the same barrier and collective calls in the same "
-                "order, signal slots and epochs must match on both sides, and blocks that spin on flags must "
-                "all be resident at once (grid <= SM count). The stacks below show where each rank was.",
-    "timeout": "Every rank was still busy in its own code when time ran out (stacks below): too slow, not "
-               "stuck. Look for a host loop, a per-element Python operation or a synchronize in a loop.",
-    "infra_error": "The harness failed, not your code; the call can be repeated.",
+    failures.COMPILE_ERROR:
+        "The file did not compile. Line numbers are the Python file's, or the CUDA source's for nvcc/NVRTC errors.",
+    failures.API_ERROR:
+        "`solution` must be defined at module level with the reference's parameters, and every import must exist "
+        "on this machine.",
+    failures.RUNTIME_ERROR:
+        "An exception on this rank (traceback below). Its peers may have been left waiting, so only the first "
+        "failing rank is reported.",
+    failures.SHAPE_MISMATCH: "Return the same structure, shapes and dtypes as the reference, on every rank.",
+    failures.OUTPUT_MISMATCH:
+        "Values differ. Check which rank owns which slice (data partitioning), that every rank reads peer data "
+        "only after a barrier with acquire, and that no buffer is overwritten while a peer may still read it.",
+    failures.DEADLOCK:
+        "A rank never finished: every rank must make the same barrier and collective calls in the same order, "
+        "signal slots and epochs must match on both sides, and blocks that spin on flags must all be resident at "
+        "once (grid <= SM count). The stacks below show where each rank was.",
+    failures.TIMEOUT:
+        "Every rank was still busy in its own code when time ran out (stacks below): too slow, not stuck. Look "
+        "for a host loop, a per-element Python operation or a synchronize in a loop.",
+    failures.INFRA_ERROR: "The harness failed, not your code; the call can be repeated.",
 }
 # What the harness's integrity flags (harness/common/integrity.py) mean for the model; unknown flags show by name.
 FLAG_HINTS = {

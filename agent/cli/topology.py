@@ -14,7 +14,9 @@ from rich.table import Table
 from agent.cli.common import CliError, console, err_console, escape, plain
 
 if TYPE_CHECKING:
-    from harness.measure.topology import Calibration, Profile, Topology
+    from harness.measure.calibration import Calibration
+    from harness.measure.discovery import Topology
+    from harness.measure.topology import Profile
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,24 +31,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_topology(args: argparse.Namespace) -> int:
     # Deferred: discovery and calibration import torch (and CUDA), which the parser does not need.
-    from harness.launch.pool import SAFE_ENV
-    from harness.measure import topology
+    from harness.common.safe_env import SAFE_ENV
+    from harness.measure import calibration, discovery, topology
     from harness.records.environment import hardware_key
 
     if args.calibrate:
         os.environ.update(SAFE_ENV)  # before any CUDA work here: NVLink multicast stays off
-    topo = topology.discover()
+    topo = discovery.discover()
     if args.calibrate and topo.gpu_count < 2:
         raise CliError(f"--calibrate needs at least 2 CUDA GPUs; this machine has {topo.gpu_count}")
     key = hardware_key()
     if args.calibrate:
         try:
             with console.status("calibrating: peer copy, HBM, matmul, NCCL all-reduce ...", spinner="dots"):
-                calibration = topology.calibrate()
-        except topology.TopologyError as err:
+                measured = calibration.calibrate()
+        except discovery.TopologyError as err:
             err_console.print(plain(f"pkb: calibration failed: {err}"))
             return 1
-        profile = topology.Profile(hardware_key=key, topology=topo, calibration=calibration)
+        profile = topology.Profile(hardware_key=key, topology=topo, calibration=measured)
         path = topology.save(profile)
         if not args.json:
             console.print(plain(f"calibration cached in {path}"))
@@ -66,11 +68,11 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 def _cached_calibration(key: str) -> Calibration | None:
     """The cached calibration when it was measured in this environment; else None."""
-    from harness.measure import topology  # deferred with cmd_topology's imports (torch)
+    from harness.measure import discovery, topology  # deferred with cmd_topology's imports (torch)
 
     try:
         cached = topology.load()
-    except topology.TopologyError as err:
+    except discovery.TopologyError as err:
         err_console.print(plain(f"pkb: warning: {err}; ignoring it"))
         return None
     return cached.calibration if cached is not None and cached.hardware_key == key else None
@@ -82,7 +84,7 @@ def _gb(value: float | None, scale: float = 1e9, unit: str = "GB/s") -> str:
 
 
 def render(profile: Profile, ceilings: Mapping[str, Any], safe_env: Mapping[str, str]) -> None:
-    """The profile as tables; `ceilings` is topology.ceilings(profile), `safe_env` harness.launch.pool.SAFE_ENV."""
+    """The profile as tables; `ceilings` is topology.ceilings(profile), `safe_env` harness.common.safe_env.SAFE_ENV."""
     topo = profile.topology
     console.print(_summary(topo))
     if topo.gpus:

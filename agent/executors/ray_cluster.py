@@ -27,8 +27,8 @@ from agent.executors.request import (
 from agent.rundir import write_text_atomic
 from harness import cancel
 from harness.common.paths import REPO_ROOT
+from harness.common.safe_env import SAFE_ENV
 from harness.evaluate import evaluate as harness_evaluate
-from harness.launch.pool import SAFE_ENV
 from harness.problems.problem import Problem
 from harness.records.results import EvalResult
 

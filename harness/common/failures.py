@@ -1,5 +1,12 @@
 """Failure classes, comparable with PKB's taxonomy. Plain strings so the rank worker can use them."""
 
+from typing import Literal, get_args
+
+# The verdicts, listed once: the result schema's type (harness.records.results) and VERDICTS below.
+Verdict = Literal["correct", "compile_error", "api_error", "runtime_error", "shape_mismatch", "output_mismatch",
+                  "deadlock", "timeout", "infra_error"]
+VERDICTS: tuple[str, ...] = get_args(Verdict)
+
 COMPILE_ERROR = "compile_error"
 API_ERROR = "api_error"
 RUNTIME_ERROR = "runtime_error"
@@ -21,18 +28,6 @@ INFRA_CAUSES = {
     "harness": "the harness failed before any candidate code or artifact was involved",
     "executor": "the executor lost the evaluation (a Ray worker or node died; retries ran out)",
 }
-
-VERDICTS = (
-    CORRECT,
-    COMPILE_ERROR,
-    API_ERROR,
-    RUNTIME_ERROR,
-    SHAPE_MISMATCH,
-    OUTPUT_MISMATCH,
-    DEADLOCK,
-    TIMEOUT,
-    INFRA_ERROR,
-)
 
 # PKB's figure names the same classes differently; reports use these labels.
 PKB_LABELS = {

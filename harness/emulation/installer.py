@@ -26,10 +26,10 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from harness.common.safe_env import SAFE_ENV
 from harness.emulation import api
 from harness.emulation.errors import NotAvailableInEmulation
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # torch.ops.symm_mem operators that touch a plain tensor only: torch's own kernels serve them.
 SERVED_OPS = frozenset({"memset32_", "stream_write_value32_"})
 

@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any, cast
 
-from harness.emulation.installer import SAFE_ENV
+from harness.common.safe_env import SAFE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPLOITS = ("gpu_race_no_barrier.py", "gpu_stale_epoch.py")

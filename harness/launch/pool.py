@@ -38,6 +38,7 @@ from typing import Any, cast
 from harness import cancel
 from harness.common import channel, failures, hostile_files
 from harness.common.paths import REPO_ROOT
+from harness.common.safe_env import SAFE_ENV
 from harness.emulation import layout
 from harness.launch import leftovers
 from harness.launch.replies import RankPipes, drain, keyed_by_rank, parse_frame
@@ -54,12 +55,6 @@ from harness.launch.stacks import capture as capture_stacks
 from harness.records.cache_dir import cache_root
 from harness.records.redaction import redact_bytes
 
-# NVLink multicast stays off on every machine this runs on, in every process the harness starts.
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 OUTPUT_CAP = 64 << 20  # bytes of stdout+stderr a pool's ranks may write together
 PROCESS_LIMIT_PER_RANK = 64  # processes a sandbox may hold per rank (compilers included)
 # The candidate's own folders in its scratch (TMPDIR, caches, HOME), made when the pool starts.

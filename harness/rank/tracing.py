@@ -44,7 +44,6 @@ import torch.distributed.distributed_c10d as c10d
 
 from harness.common import failures
 from harness.rank.candidate import trimmed_traceback
-from harness.timing import tree_nbytes
 
 MAX_RECORDS = 64  # collectives listed one by one in a reply; the per-kind totals always cover all of them
 
@@ -113,7 +112,14 @@ class Collective:
 
 
 def _nbytes(value: Any) -> int:
-    return tree_nbytes(value)
+    """Dense bytes of the tensors in a value and its tuples and lists: the HBM bytes of a trace. Not
+    harness.rank.transport.tree_nbytes (what an output file holds: dicts and sparse parts counted), so that
+    the roofline's bounds stay what they were when its traces were cached."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 0
 
 
 def _group_size_and_rank(group: Any) -> tuple[int, int]:

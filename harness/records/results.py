@@ -11,20 +11,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from harness.common import failures
+from harness.common.failures import Verdict
 
 SCHEMA_VERSION = 1
 
-Verdict = Literal[
-    "correct",
-    "compile_error",
-    "api_error",
-    "runtime_error",
-    "shape_mismatch",
-    "output_mismatch",
-    "deadlock",
-    "timeout",
-    "infra_error",
-]
 Clock = Literal["cuda_events", "host"]  # what timed the calls: CUDA events on a GPU, the host clock on a CPU
 
 
@@ -87,7 +77,8 @@ class TimingStats(BaseModel):
 
     @classmethod
     def from_rank_loops(cls, replies: list[dict[str, Any]], clock: Clock) -> TimingStats:
-        """Stats of a timing loop that ran inside trusted ranks (harness.timing: the machine's calibration);
+        """Stats of a timing loop that ran inside trusted ranks (harness.measure.calibrate_worker: the machine's
+        calibration);
         candidates and references are timed by harness.judge.timing instead."""
         import statistics
 

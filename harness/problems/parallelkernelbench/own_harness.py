@@ -15,7 +15,7 @@ How it runs, and why:
   torch that run the rest (a `torchrun` elsewhere on PATH may be another one);
 - a time limit around the whole evaluation (PKB has none: a hung kernel would wait forever), and every
   process it started ended afterwards, torchrun's own session included (harness.launch.contained_run);
-- NVLink multicast off in every process (harness.launch.pool.SAFE_ENV), extension and Triton caches inside the
+- NVLink multicast off in every process (harness.common.safe_env.SAFE_ENV), extension and Triton caches inside the
   folder, the same dtype, base shape and tolerances passed explicitly (the first public commit's
   run_local defaults to float32 and 1e-5, the head's to bf16 and 1e-2);
 - `--download` into the folder, so each rank's perf JSON is read too (PKB prints only the max over ranks).
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import hostile_files
+from harness.common.safe_env import SAFE_ENV
 from harness.launch.contained_run import RunOutcome, run_contained
-from harness.launch.pool import SAFE_ENV
 from harness.launch.sandbox import clean_environment
 from harness.records.redaction import redact_bytes
 
@@ -64,7 +64,7 @@ _BUILD_FAILED = re.compile(r"Error building extension|ninja: build stopped|nvcc 
 _NO_SOLUTION = re.compile(r"AssertionError: 'solution' not found")
 _SHAPE_WORDS = re.compile(r"tensor shape ref|sequence length ref|dict keys differ")
 
-# PKB's outcome -> this project's verdict (harness.records.results.Verdict). Outcomes are PKB's trial `result`
+# PKB's outcome -> this project's verdict (harness.common.failures.Verdict). Outcomes are PKB's trial `result`
 # words, plus four of ours: solution_failed / reference_failed (PKB's no_artifacts, split by which job
 # failed), time_limit (our limit around PKB's run) and no_verdict (run_local printed no PKB_EVAL_JSON).
 OUTCOME_VERDICTS = {
@@ -356,7 +356,7 @@ def _backend_of(solution: Path) -> str:
 
 
 def safe_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment every process of PKB's run gets: multicast off (harness.launch.pool.SAFE_ENV)."""
+    """The environment every process of PKB's run gets: multicast off (harness.common.safe_env.SAFE_ENV)."""
     return {**(dict(os.environ) if base is None else base), **SAFE_ENV}
 
 
