@@ -20,7 +20,9 @@ import pytest
 import prompts
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
-from harness.measure.topology import AllReducePoint, Calibration, Gpu, NvLink, PeerCopy, Profile, Topology
+from harness.measure.calibration import AllReducePoint, Calibration, PeerCopy
+from harness.measure.discovery import Gpu, NvLink, Topology
+from harness.measure.topology import Profile
 from harness.problems.problem import load_problem
 from harness.problems.registry import SUITE_ROOT, get, load_suite
 from tools import render
