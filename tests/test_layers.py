@@ -1,6 +1,7 @@
 """The import graph of the project's own modules, read from the source (AST), import statements in function
 bodies included: it has no cycle, its layers point down (agent -> tools -> prompts -> harness -> problems),
-and every import of our own code inside a function says in a comment why it is deferred."""
+every import of our own code inside a function says in a comment why it is deferred, and a rank process
+(the one that runs beside candidate code) can reach only the rank side of the harness."""
 
 from __future__ import annotations
 
@@ -109,6 +110,60 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         if start not in state and (found := visit(start)) is not None:
             return found
     return None
+
+
+# What a rank process may load of ours: the rank side (harness/rank/), the small folder both sides share
+# (harness/common/), the one-GPU stand-ins it installs when ranks share a GPU (harness/emulation/), and what
+# loads a problem, since the reference runs in the rank (harness/problems/: only its loaders are reached).
+RANK_ENTRIES = ("harness.rank.worker", "harness.rank.launcher")
+RANK_SIDE = ("harness.rank", "harness.common", "harness.emulation", "harness.problems")
+# The trusted role's validation compares the reference with the oracle in its own rank, which never loads a
+# candidate; the import is deferred into those ops, so a candidate's rank never loads the judge.
+TRUSTED_ROLE_ONLY = {("harness.rank.reference_side", "harness.judge.compare")}
+
+
+def rank_side_reach(edges: dict[str, set[str]]) -> set[str]:
+    """Every module of ours a rank process can load: from its entries, along every import (deferred ones
+    included) but the trusted role's, with each module's enclosing packages (importing a.b.c runs a and a.b)."""
+    seen: set[str] = set()
+    stack = list(RANK_ENTRIES)
+    while stack:
+        module = stack.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        stack += [".".join(parts[:i]) for i in range(1, len(parts))]
+        stack += [t for t in edges.get(module, ()) if (module, t) not in TRUSTED_ROLE_ONLY]
+    return seen
+
+
+def _in(module: str, folders: tuple[str, ...]) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in folders)
+
+
+def test_a_rank_reaches_only_the_rank_side():
+    reached = rank_side_reach(graph())
+    assert {"harness.rank.worker", "harness.rank.timed", "harness.common.failures"} <= reached  # the walk is real
+    outside = sorted(m for m in reached if m != "harness" and not _in(m, RANK_SIDE))
+    assert not outside, outside
+    problems = sorted(m for m in reached if _in(m, ("harness.problems",)))
+    # Of the problems folder only what loads one: no validation, no PKB solution sets or its own harness.
+    assert set(problems) <= {"harness.problems", "harness.problems.problem", "harness.problems.registry",
+                             "harness.problems.parallelkernelbench", "harness.problems.parallelkernelbench.checkout",
+                             "harness.problems.parallelkernelbench.inputs"}, problems
+
+
+def test_the_trusted_roles_exception_is_deferred():
+    """The judge's comparison reaches the rank side only inside the trusted role's ops, never at start-up."""
+    for module, target in TRUSTED_ROLE_ONLY:
+        found = [in_function for node, in_function, _ in imports(module) if target in _targets(node, module)]
+        assert found and all(found), (module, target, found)
+
+
+def test_the_rank_launcher_imports_nothing_of_ours():
+    # It runs before any torch or candidate import, inside the sandbox: the standard library only.
+    assert graph()["harness.rank.launcher"] == set()
 
 
 def test_the_graph_is_read():
