@@ -53,23 +53,22 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
-from agent import caching, final_scoring, prompting
+from agent import caching, final_scoring, prompting, scoring
 from agent.budgets import Budget, BudgetTracker, Spent
 from agent.conditions import BASH, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
 from agent.executors.interface import Executor
-from agent.executors.request import EvalRequest, device_seconds
+from agent.executors.local import LocalExecutor
+from agent.executors.request import EvalRequest
 from agent.model_spec import ProviderError
 from agent.retry import invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
+from agent.scoring import Scored
 from agent.tool_calls import candidate_entry, reply_candidate, run_tool_call, tool_context
 from agent.usage import usage_of
-from harness.common import failures
-from harness.compiling.compile import compile_candidate
 from harness.config import EvalConfig
-from harness.evaluate import evaluate
 from harness.problems.problem import Problem
 from harness.records.results import EvalResult
 from tools import bash as shell
@@ -77,8 +76,6 @@ from tools.langchain_tools import make_tools
 
 # The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
 SCORING_SEED_OFFSET = 1_000_003
-# An infra_error of the final scoring is the harness's failure: tried this many times in all.
-SCORING_ATTEMPTS = 3
 
 # Stop reasons that are not budgets (docs/run-layout.md).
 SUBMITTED = "submitted"
@@ -195,44 +192,16 @@ def _drop_orphans(ctx: SampleContext, state: AgentState) -> None:
 
 
 # -- scoring ----------------------------------------------------------------------------------------
-@dataclass
-class Scored:
-    result: EvalResult
-    attempts: int
-    seconds: float
-    gpu_s: float
-
-
 def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler | None,
                world_size: int, device: str, shape: str, log_dir: Path | None, log: Any = None,
                executor: Executor | None = None, seed: int | None = None) -> Scored:
-    """The full harness on `path` with scoring_seed(config.seed) (or `seed`); an infra_error is retried
-    (bounded)."""
+    """The full harness on `path` with scoring_seed(config.seed) (or `seed`), through `executor` (else this
+    node's devices, in the scheduler's leases) by agent.scoring: an infra_error is retried (bounded)."""
     scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed) if seed is None else seed})
-    started = time.perf_counter()
-    gpu_s = 0.0
-    result: EvalResult | None = None
-    attempt = 0
-    if device == "cuda" and executor is None:  # build before taking GPUs: evaluate's compile step hits the cache
-        compile_candidate(path, config.limits.compile_s, device, problem=problem.loader_spec)
-    for attempt in range(1, SCORING_ATTEMPTS + 1):
-        if executor is not None:  # the node builds before its ranks start, as evaluate always does
-            result = executor.evaluate(EvalRequest.build(problem, path, world_size=world_size, device=device,
-                                                         shape=shape, config=scoring_config, log_dir=log_dir))
-            gpu_s += device_seconds(result)
-        else:
-            assert scheduler is not None
-            with scheduler.lease() as lease:
-                result = evaluate(problem, path, world_size=world_size, device=device, shape=shape,
-                                  config=scoring_config, log_dir=log_dir, gpus=lease.gpus)
-            gpu_s += lease.device_seconds
-        if result.verdict != failures.INFRA_ERROR:
-            break
-        if log is not None:
-            log.warning("scoring_infra_error", attempt=attempt, attempts=SCORING_ATTEMPTS,
-                        message=result.failure.message if result.failure else "")
-    assert result is not None
-    return Scored(result, attempt, time.perf_counter() - started, gpu_s)
+    runner = executor if executor is not None else LocalExecutor(scheduler)
+    request = EvalRequest.build(problem, path, world_size=world_size, device=device, shape=shape,
+                                config=scoring_config, log_dir=log_dir)
+    return scoring.score(lambda: runner.evaluate(request), log=log)
 
 
 @dataclass

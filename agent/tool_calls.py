@@ -1,6 +1,6 @@
-"""How the agent loop runs one tool call: the tools' view of the sample (ToolContext), a device lease where
-the tool needs one (tools.specs), the executor for remote device work, and the candidate entries the graph's
-state keeps. agent.graph's `tools` node calls run_tool_call once per call of a reply.
+"""How the agent loop runs one tool call: the tools' view of the sample (ToolContext), whose device work goes
+through the sample's executor (this node's by default, a lease per evaluation), and the candidate entries the
+graph's state keeps. agent.graph's `tools` node calls run_tool_call once per call of a reply.
 """
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from agent.executors.interface import as_device_call, as_evaluate
+from agent.executors.local import LocalExecutor
 from agent.rundir import write_json_atomic
 from agent.sample_context import SampleContext
 from tools.base import ToolContext, ToolOutcome, save_candidate
 from tools.dispatch import run_tool
-from tools.specs import BY_NAME
 
 
 def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] | None = None) -> ToolContext:
-    """The tools' view of the sample; with an executor, their device work goes through it (adding to `spent`)."""
-    executor = ctx.executor
+    """The tools' view of the sample. Their device work goes through the sample's executor, else this node's
+    (a LocalExecutor over the scheduler: native code is built before the devices are taken), as the final
+    scoring's does (agent.scoring); each evaluation's device seconds are added to `spent`."""
+    executor = ctx.executor if ctx.executor is not None else LocalExecutor(ctx.scheduler)
     return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                        config=ctx.config, workdir=ctx.directory.path, gpus=gpus, answer_tokens=ctx.answer_tokens,
-                       evaluate=None if executor is None else as_evaluate(executor, spent),
-                       on_devices=None if executor is None else as_device_call(executor, spent),
+                       evaluate=as_evaluate(executor, spent), on_devices=as_device_call(executor, spent),
                        shell_solution=ctx.shell_solution, shell_timeout_s=ctx.shell_timeout_s,
                        shell_hide=(ctx.directory.path.resolve().parents[3],))
 
@@ -36,24 +37,16 @@ def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any]) -> tuple[
     """
     if name not in ctx.condition.bound_tools:
         return None, 0.0, f"error: no tool named {name!r}; available: {', '.join(ctx.condition.bound_tools)}"
-    lease = None
-    spent: list[float] = []  # device seconds of the executor's evaluations (no lease is taken here then)
+    spent: list[float] = []  # device seconds of the executor's evaluations and device calls
     try:
-        if not BY_NAME[name].needs_device_for(args):  # tools.specs: it runs no ranks, so it takes no lease
-            outcome = run_tool(name, args, tool_context(ctx, gpus=None))
-        elif ctx.executor is not None:
-            outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
-        else:
-            assert ctx.scheduler is not None
-            with ctx.scheduler.lease() as lease:
-                outcome = run_tool(name, args, tool_context(ctx, gpus=lease.gpus))
+        outcome = run_tool(name, args, tool_context(ctx, gpus=None, spent=spent))
     except Exception as exc:  # a tool's failure is reported to the model, logged, and never ends the run
         if ctx.log is not None:
             ctx.log.exception("tool_failed", tool=name)
-        held = lease.device_seconds if lease is not None else sum(spent)
-        return None, held, f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
-    reported = float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
-    gpu_s = reported if reported > 0 else (lease.device_seconds if lease is not None else sum(spent))
+        return None, sum(spent), f"error: the {name} tool failed: {type(exc).__name__}: {exc}"[:2000]
+    # What the executor held is the figure (agent.executors.request.device_seconds), as for the final scoring;
+    # a tool's own figure only where nothing went through it.
+    gpu_s = sum(spent) if spent else float(getattr(outcome, "gpu_seconds", 0.0) or 0.0)
     if ctx.log is not None:
         data = getattr(outcome, "data", {}) or {}
         ctx.log.info("tool", tool=name, verdict=data.get("verdict"), gpu_s=round(gpu_s, 3),

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import agent.graph
-import tools.check
+import agent.executors.local
+import agent.scoring
 from agent.budgets import Budget
 from agent.cli import run as cli_run
 from agent.report.run_reader import read_run
@@ -115,8 +115,8 @@ def test_concurrent_samples_never_evaluate_at_once_beyond_the_scheduler(tmp_path
                     active[0] -= 1
         return wrapper
 
-    monkeypatch.setattr(agent.graph, "evaluate", counted(agent.graph.evaluate))
-    monkeypatch.setattr(tools.check, "evaluate", counted(tools.check.evaluate))
+    # Every evaluation, the tools' and the final scoring's, runs through the local executor's harness call.
+    monkeypatch.setattr(agent.executors.local, "harness_evaluate", counted(agent.executors.local.harness_evaluate))
 
     def model():
         return scripted([("tool", "check", {"source": BROKEN}), ("tool", "submit", {"source": BROKEN})])
@@ -158,21 +158,21 @@ def _infra_result(path: Path) -> EvalResult:
 
 @pytest.mark.parametrize("failing", [2, 5])
 def test_scoring_infra_errors_are_retried_then_reported_apart(tmp_path, monkeypatch, failing):
-    real, calls = agent.graph.evaluate, []
+    real, calls = agent.executors.local.harness_evaluate, []
 
     def flaky(problem, path, **kwargs):
         calls.append(kwargs["config"].seed)
         return _infra_result(path) if len(calls) <= failing else real(problem, path, **kwargs)
 
-    monkeypatch.setattr(agent.graph, "evaluate", flaky)
+    monkeypatch.setattr(agent.executors.local, "harness_evaluate", flaky)
     _, summary = run_samples(tmp_path, [scripted([("text", fenced(BROKEN))])], conditions=["zero-shot"])
     record = summary.records[0]
     assert len(set(calls)) == 1  # every attempt with the same (fresh) scoring seed
-    if failing < agent.graph.SCORING_ATTEMPTS:
+    if failing < agent.scoring.INFRA_ATTEMPTS:
         assert record["verdict"] == "compile_error" and record["scoring_attempts"] == failing + 1
         assert summary.infra_errors == 0
     else:
-        assert len(calls) == agent.graph.SCORING_ATTEMPTS and record["verdict"] == "infra_error"
+        assert len(calls) == agent.scoring.INFRA_ATTEMPTS and record["verdict"] == "infra_error"
         assert summary.infra_errors == 1 and record["status"] == "finished"
 
 

@@ -15,6 +15,7 @@ import agent.executors.local
 from agent.executors.local import LocalExecutor
 from agent.executors.request import device_seconds
 from agent.scheduler import DeviceScheduler
+from agent.scoring import Scored
 from agent.search import budget, scoring
 from agent.search.archive import Archive
 from agent.search.config import Limits, SearchConfig
@@ -47,8 +48,7 @@ def test_an_evaluation_is_charged_the_gpus_it_held_not_its_ranks():
     # W=4 at two ranks per GPU holds two GPUs: 3 s held is 6 GPU-seconds (the old figure said 4 x the stages)
     shared = result(4, 2, {"reference": 1.0, "launch": 1.0, "launch_wait": 0.2, "check": 1.5}, held_s=3.0)
     assert device_seconds(shared) == pytest.approx(6.0)
-    assert scoring.device_seconds(shared) == pytest.approx(6.0)
-    assert scoring.outcome(scoring.Scored(shared, 3.2, 1), None, 10.0)["gpu_s"] == pytest.approx(6.0)
+    assert scoring.outcome(Scored(shared, 1, 3.2, device_seconds(shared)), None, 10.0)["gpu_s"] == pytest.approx(6.0)
     # without the executor's own figure, the stages that do not overlap (launch runs while the reference is
     # prepared; build_in_call is part of check): 1 + 0.2 + 1.5
     untimed = result(4, 2, {"reference": 1.0, "launch": 1.0, "launch_wait": 0.2, "check": 1.5, "build_in_call": 0.4})
@@ -67,7 +67,7 @@ def test_the_busy_figure_and_the_gpu_budget_read_the_gpus_held_with_ranks_per_gp
         archive.propose(0, model="m", input_tokens=1, output_tokens=1, cost_usd=0.0, cost_known=True, model_s=0.1,
                         note="", source="x", sha256="0", path="p", proposer_gpu_s=2.0, tool_calls={"check": 1})
         held = result(4, 2, {"check": 4.0}, held_s=4.0)
-        archive.evaluate(0, scoring.outcome(scoring.Scored(held, 4.0, 1), None, 9.0))
+        archive.evaluate(0, scoring.outcome(Scored(held, 1, 4.0, device_seconds(held)), None, 9.0))
         t = throughput(archive, gpus_per_evaluation=2)
         # 8 GPU-seconds of evaluation + 2 of the proposer's check, over 2 GPUs a slot: 5 slot-seconds of 10
         assert t["device_s"] == pytest.approx(10.0) and t["held_s"] == pytest.approx(5.0)

@@ -40,24 +40,12 @@ BASH_TOOL = "bash"
 SHELL_HARNESS_COMMANDS: dict[str, str] = {"pkb-check": "check", "pkb-bench": "bench"}
 
 
-def shell_harness_command(command: object) -> str | None:
-    """The harness tool a bash command line asks for ("check", "bench"), or None for a shell command."""
-    words = command.split() if isinstance(command, str) else []
-    return SHELL_HARNESS_COMMANDS.get(words[0]) if words else None
-
-
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
     source: Source  # does a call carry the candidate's complete file?
     needs_device: bool  # does it run ranks (and so hold the devices while it runs)?
     argument: Argument | None = None
-
-    def needs_device_for(self, args: dict[str, Any]) -> bool:
-        """Whether this call runs ranks: the spec's answer, except for bash, whose harness commands do."""
-        if self.name == BASH_TOOL:
-            return shell_harness_command(args.get("command")) is not None
-        return self.needs_device
 
     @property
     def module(self) -> str:

@@ -49,7 +49,6 @@ from agent.search.scoring import (
     EvaluateFn,
     bound_of,
     bound_on_node,
-    device_seconds,
     outcome,
     score,
     trusted,
@@ -473,7 +472,7 @@ class Search:
         result = scored.result
         record = outcome(scored, self.bound(c.problem), self.elapsed_s())
         rescore = Rescore(c.problem, c.id, seed, result.verdict, result.correct, record["speedup"],
-                          record["roofline_fraction"], sorted(result.flags), trusted(result), device_seconds(result))
+                          record["roofline_fraction"], sorted(result.flags), trusted(result), scored.gpu_s)
         self.archive.add_rescore(rescore, eval_s=scored.seconds, result=result.model_dump_json())
         self._heartbeat()
         self._changed()

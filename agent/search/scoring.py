@@ -5,7 +5,7 @@ Evaluations go through a function with harness.evaluate.evaluate's signature; by
 agent.executors.as_evaluate over the search's executor, so on one node every evaluation runs in a lease
 of the DeviceScheduler (native code built before the lease is taken: the GPU never waits on a compiler),
 and with the Ray executor as a task on a node of the cluster. The model is called elsewhere, never inside
-a lease. An `infra_error` (the harness's own failure) is tried again, up to INFRA_ATTEMPTS in all.
+a lease. An `infra_error` (the harness's own failure) is tried again (agent.scoring, as the runner does).
 
 The roofline bound of a problem (harness.measure.roofline: interconnect, HBM and FLOP bounds of the reference's
 traffic over this machine's ceilings) is computed once per search, on the devices (`bound_on_node`, via
@@ -16,31 +16,21 @@ fractions are GPU ceilings over CPU times: tiny, and only proof of the plumbing.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.executors import request
-from harness.common import failures
+from agent import scoring
+from agent.scoring import Scored
 from harness.common.flags import SPEEDUP_DISQUALIFIERS
 from harness.config import EvalConfig
 from harness.measure.roofline import cached_trace, resolve_ceilings, roofline
 from harness.problems.problem import Problem
 from harness.records.results import EvalResult
 
-INFRA_ATTEMPTS = 3
 MAX_EVIDENCE_CHARS = 4000
 
 EvaluateFn = Callable[..., EvalResult]  # harness.evaluate.evaluate's signature
-
-
-@dataclass
-class Scored:
-    result: EvalResult
-    seconds: float
-    attempts: int
 
 
 def trusted(result: EvalResult) -> bool:
@@ -48,28 +38,12 @@ def trusted(result: EvalResult) -> bool:
     return bool(result.correct and result.fast_eligible and not (set(result.flags) & SPEEDUP_DISQUALIFIERS))
 
 
-def device_seconds(result: EvalResult) -> float:
-    """Seconds the evaluation held its devices, times the GPUs it held (ranks sharing a GPU count it once; on CPU
-    the rank processes): the runner's figure, agent.executors.request.device_seconds."""
-    return request.device_seconds(result)
-
-
 def score(evaluate: EvaluateFn, problem: Problem, path: Path, *, config: EvalConfig, world_size: int, device: str,
           shape: str, log_dir: Path | None, log: Any = None) -> Scored:
-    """One candidate through the harness; an infra_error is retried."""
-    started = time.perf_counter()
-    result: EvalResult | None = None
-    attempt = 0
-    for attempt in range(1, INFRA_ATTEMPTS + 1):
-        result = evaluate(problem, path, world_size=world_size, device=device, shape=shape, config=config,
-                          log_dir=log_dir)
-        if result.verdict != failures.INFRA_ERROR:
-            break
-        if log is not None:
-            log.warning("search_infra_error", candidate=str(path), attempt=attempt,
-                        message=result.failure.message if result.failure else "")
-    assert result is not None
-    return Scored(result, time.perf_counter() - started, attempt)
+    """One candidate through the harness by agent.scoring (an infra_error is retried)."""
+    return scoring.score(lambda: evaluate(problem, path, world_size=world_size, device=device, shape=shape,
+                                          config=config, log_dir=log_dir),
+                         log=log, event="search_infra_error", candidate=str(path))
 
 
 def fraction(result: EvalResult, bound_ms: float | None) -> float | None:
@@ -95,7 +69,7 @@ def outcome(scored: Scored, bound: tuple[float | None, str | None] | None, elaps
         "reference_ms": timings.reference.median_ms if timings else None,
         "roofline_fraction": fraction(result, bound_ms), "binding": binding if result.correct else None,
         "flags": sorted(result.flags), "fast_eligible": result.fast_eligible, "trusted": trusted(result),
-        "gpu_s": round(device_seconds(result), 6), "stages": result.stages, "eval_s": round(scored.seconds, 6),
+        "gpu_s": round(scored.gpu_s, 6), "stages": result.stages, "eval_s": round(scored.seconds, 6),
         "attempts": scored.attempts, "result": result.model_dump_json(), "elapsed_s": round(elapsed_s, 3),
     }
 
