@@ -34,6 +34,7 @@ import torch
 
 from harness import cancel
 from harness.common import failures, hostile_files, integrity
+from harness.common.compare import compare_outputs
 from harness.common.flags import EMULATED, fast_eligible
 from harness.common.integrity import IntegrityConfig
 from harness.common.seeds import TIMING_TRIAL_BASE, fill_recipe
@@ -42,13 +43,13 @@ from harness.compiling.compile import compile_candidate, keep_lazy_builds, priva
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation.errors import parse_refusal, refusal_is_plausible
 from harness.judge import plausibility, timing, trials, watchdog
-from harness.judge.compare import compare_outputs
 from harness.judge.reference import ReferenceFailed, ReferenceRun
 from harness.judge.static_scan import static_scan
 from harness.launch.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.launch.sandbox import SandboxUnavailable
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.private import private_folder, remove_private, stage_file
+from harness.measure import roofline
 from harness.problems.parallelkernelbench import input_report
 from harness.problems.problem import Problem
 from harness.rank import transport
@@ -727,13 +728,13 @@ def evaluate(
         # After the ranks are gone: the bound traces the reference once (then reads a cache), in clean
         # processes of its own, never beside a candidate.
         try:
-            bound = plausibility.roofline_bound_ms(problem, shape, world_size, device)
+            bound = plausibility.usable_bound(roofline.lower_bound_ms(problem, shape, world_size, device))
         except Exception as exc:  # noqa: BLE001 - the reference's trace failed: no bound, said so
             ev.evidence["roofline_bound_error"] = f"{type(exc).__name__}: {exc}"[:500]
             bound = None
         if bound is not None:
             ev.evidence["roofline_bound_ms"] = bound
-            if ev.timings.candidate.median_ms < checks.impossible_slack * bound:
+            if plausibility.beats_the_roofline(ev.timings.candidate.median_ms, bound, checks):
                 ev.flags.append(integrity.IMPOSSIBLE)
         cancel.check()  # the bound's trace may have been the wait that Ctrl-C cut short
     return ev.result()

@@ -211,7 +211,7 @@ def test_pkb_prompt_zero_shot_and_bash_on_a_checkout(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_validate_checks_the_held_out_shape_against_the_oracle(tmp_path: Path) -> None:
-    from harness.problems.validate import validate_problems
+    from harness.validate import validate_problems
 
     problem = get(load_suite(), "all_reduce")
     rows = validate_problems([problem], [2], shape="small", trials=2)

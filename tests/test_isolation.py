@@ -34,8 +34,8 @@ from harness.launch.sandbox.memory import memory_cgroup_parent
 from harness.launch.sandbox.private import stage_file
 from harness.problems.problem import load_problem
 from harness.problems.registry import get, load_suite
-from harness.problems.validate import validate_problems
 from harness.rank.tripwires import Guard
+from harness.validate import validate_problems
 from tests.conftest import live_children, pid_alive, processes_mentioning
 
 EXPLOITS = Path(__file__).parent / "exploits"

@@ -117,14 +117,11 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 # loads a problem, since the reference runs in the rank (harness/problems/: only its loaders are reached).
 RANK_ENTRIES = ("harness.rank.worker", "harness.rank.launcher")
 RANK_SIDE = ("harness.rank", "harness.common", "harness.emulation", "harness.problems")
-# The trusted role's validation compares the reference with the oracle in its own rank, which never loads a
-# candidate; the import is deferred into those ops, so a candidate's rank never loads the judge.
-TRUSTED_ROLE_ONLY = {("harness.rank.reference_side", "harness.judge.compare")}
 
 
 def rank_side_reach(edges: dict[str, set[str]]) -> set[str]:
     """Every module of ours a rank process can load: from its entries, along every import (deferred ones
-    included) but the trusted role's, with each module's enclosing packages (importing a.b.c runs a and a.b)."""
+    included), with each module's enclosing packages (importing a.b.c runs a and a.b)."""
     seen: set[str] = set()
     stack = list(RANK_ENTRIES)
     while stack:
@@ -134,7 +131,7 @@ def rank_side_reach(edges: dict[str, set[str]]) -> set[str]:
         seen.add(module)
         parts = module.split(".")
         stack += [".".join(parts[:i]) for i in range(1, len(parts))]
-        stack += [t for t in edges.get(module, ()) if (module, t) not in TRUSTED_ROLE_ONLY]
+        stack += edges.get(module, ())
     return seen
 
 
@@ -154,16 +151,30 @@ def test_a_rank_reaches_only_the_rank_side():
                              "harness.problems.parallelkernelbench.inputs"}, problems
 
 
-def test_the_trusted_roles_exception_is_deferred():
-    """The judge's comparison reaches the rank side only inside the trusted role's ops, never at start-up."""
-    for module, target in TRUSTED_ROLE_ONLY:
-        found = [in_function for node, in_function, _ in imports(module) if target in _targets(node, module)]
-        assert found and all(found), (module, target, found)
-
-
 def test_the_rank_launcher_imports_nothing_of_ours():
     # It runs before any torch or candidate import, inside the sandbox: the standard library only.
     assert graph()["harness.rank.launcher"] == set()
+
+
+def harness_folder(module: str) -> str | None:
+    """The folder of harness/ a module belongs to (a module at harness/'s top is a node of its own)."""
+    parts = module.split(".")
+    if parts[0] != "harness" or len(parts) == 1:
+        return None
+    return ".".join(parts[:2])
+
+
+def test_the_harness_folders_import_each_other_without_a_cycle():
+    """Folders follow one evaluation's flow (problems, compiling, launch, rank, judge, measure, records, with
+    common/ under all of them): read folder by folder, the harness has no cycle either."""
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        here = harness_folder(module)
+        if here is not None:
+            folders.setdefault(here, set()).update(
+                f for f in map(harness_folder, targets) if f is not None and f != here)
+    assert "harness.common" in folders and not folders["harness.common"]  # common imports no other folder
+    assert find_cycle(folders) is None, " -> ".join(find_cycle(folders) or [])
 
 
 def test_the_graph_is_read():

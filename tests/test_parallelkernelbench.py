@@ -23,7 +23,7 @@ from harness.problems.parallelkernelbench import inputs as input_plans
 from harness.problems.parallelkernelbench import solutions as solution_sets
 from harness.problems.problem import MalformedProblem
 from harness.problems.registry import load_problem_spec
-from harness.problems.validate import validate_problems, validate_without_oracle
+from harness.validate import validate_problems, validate_without_oracle
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKOUT = FIXTURES / "pkb_checkout"

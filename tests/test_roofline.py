@@ -4,7 +4,6 @@ hand computation, an end-to-end roofline under gloo, the bounded text, and `pkb 
 from __future__ import annotations
 
 import json
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -112,25 +111,22 @@ def test_ceilings_fall_back_to_design_figures_per_value():
     assert c.gpu == "H200" and c.notes == ["n"]
 
 
-def test_ceilings_without_topology_module(monkeypatch):
-    import harness.measure
+def test_ceilings_fall_back_when_the_cached_profile_cannot_be_read(monkeypatch):
+    def unreadable() -> None:
+        raise ValueError("not a profile")
 
-    monkeypatch.setitem(sys.modules, "harness.measure.topology", None)  # import fails as if the module were absent
-    monkeypatch.delattr(harness.measure, "topology", raising=False)
+    monkeypatch.setattr("harness.measure.roofline.topology", SimpleNamespace(load=unreadable, ceilings=None))
     c = resolve_ceilings(None, device="cuda")
     assert c.link_bytes_per_s == 394e9 and c.hbm_bytes_per_s == 4.28e12 and c.matmul_flops_per_s == 790e12
     assert {c.link_source, c.hbm_source, c.matmul_source} == {FALLBACK_SOURCE}
-    assert any("not available" in n for n in c.notes)
+    assert any("ValueError: not a profile" in n for n in c.notes)
 
 
 def test_ceilings_use_the_cached_topology_profile(monkeypatch):
     fake = SimpleNamespace(load=lambda: "profile", ceilings=lambda profile: {
         "link_bytes_per_s": 390e9, "link_source": "measured", "hbm_bytes_per_s": 4.1e12, "hbm_source": "measured",
         "matmul_flops_per_s": 760e12, "matmul_source": "measured", "gpu": "NVIDIA H200", "notes": []})
-    monkeypatch.setitem(sys.modules, "harness.measure.topology", fake)
-    import harness.measure
-
-    monkeypatch.setattr(harness.measure, "topology", fake, raising=False)
+    monkeypatch.setattr("harness.measure.roofline.topology", fake)
     c = resolve_ceilings(None, device="cpu")
     assert (c.link_bytes_per_s, c.link_source, c.gpu) == (390e9, "measured", "NVIDIA H200")
     # no cached profile and a CPU run: no slow discovery, the reference machine's figures

@@ -9,7 +9,7 @@ import pytest
 
 from harness.problems.contract_checks import input_issues, metadata_issues
 from harness.problems.registry import discover, load_suite
-from harness.problems.validate import validate_problems
+from harness.validate import validate_problems
 
 SUITE, MALFORMED = discover()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 import types
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 import prompts
 from harness.config import EvalConfig, Limits, TimingConfig
+from harness.measure.profiling import ProfileError
 from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 from tools import render
@@ -243,25 +243,13 @@ def test_guide_lists_topics_and_returns_sections(all_reduce, tmp_path):
         assert "cut ..." not in run_tool("guide", {"topic": section.topic}, ctx).text, section.topic
 
 
-# -- profile and roofline: their harness modules are imported when called ------------------------------
-
-
-def test_profile_and_roofline_say_unavailable_without_their_modules(all_reduce, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "harness.measure.profiling", None)  # import now raises ImportError
-    monkeypatch.setitem(sys.modules, "harness.measure.roofline", None)
-    ctx = make_ctx(all_reduce, tmp_path)
-    prof = run_tool("profile", {"source": source(RIGHT)}, ctx)
-    assert "profiling is unavailable in this build" in prof.text and prof.data["available"] is False
-    assert prof.candidate is not None and prof.gpu_seconds == 0.0
-    roof = run_tool("roofline", {}, ctx)
-    assert "unavailable in this build" in roof.text and roof.data["available"] is False and roof.candidate is None
-
+# -- profile and roofline: the harness's profiler and roofline, replaced here by fakes -------------------
 
 def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_path, monkeypatch):
     seen = {}
-    fake = types.ModuleType("harness.measure.profiling")
+    fake = types.SimpleNamespace(ProfileError=ProfileError)
 
-    def profile(problem, candidate_path, *, world_size, device, shape, gpus=None):
+    def profile(problem, candidate_path, *, world_size, device, shape, **options):
         seen.update(problem=problem.name, path=candidate_path, world_size=world_size, device=device, shape=shape)
         return {"kernels": [{"name": "ring", "us": 12.5}]}
 
@@ -271,7 +259,7 @@ def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_
 
     fake.profile = profile
     monkeypatch.setattr("tools.profile.profile_text", render_text)  # the text is the tools' (tools.summaries)
-    monkeypatch.setitem(sys.modules, "harness.measure.profiling", fake)
+    monkeypatch.setattr("tools.profile.profiling", fake)
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": source(RIGHT)}, ctx)
     assert seen["problem"] == "all_reduce" and seen["path"] == o.candidate
@@ -283,21 +271,13 @@ def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_
 
 
 def test_profile_reports_a_candidate_that_cannot_run_as_its_verdict(all_reduce, tmp_path, monkeypatch):
-    fake = types.ModuleType("harness.measure.profiling")
-
-    class ProfileError(RuntimeError):
-        def __init__(self, message, verdict="infra_error", evidence=""):
-            super().__init__(message)
-            self.verdict, self.evidence = verdict, evidence
-
     def profile(problem, candidate_path, **kwargs):
         if "lost" in candidate_path.read_text():
             raise ProfileError("rank 1 raised ValueError", "runtime_error", "Traceback ...\nValueError: lost")
         raise ProfileError("rank processes did not start")
 
-    fake.ProfileError, fake.profile = ProfileError, profile
     monkeypatch.setattr("tools.profile.profile_text", lambda r, n: "")
-    monkeypatch.setitem(sys.modules, "harness.measure.profiling", fake)
+    monkeypatch.setattr("tools.profile.profiling", types.SimpleNamespace(ProfileError=ProfileError, profile=profile))
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("profile", {"source": "def solution(x):\n    raise ValueError('lost')\n"}, ctx)
     assert o.text.startswith("profile: the candidate could not be profiled: runtime_error")
@@ -312,16 +292,16 @@ def test_roofline_with_and_without_a_candidate(all_reduce, tmp_path, monkeypatch
 
     timed = EvalResult.model_validate(out["bench"].data["result"])
     calls = []
-    fake = types.ModuleType("harness.measure.roofline")
+    fake = types.SimpleNamespace()
 
-    def roofline(problem, shape, world_size, device, candidate_result=None):
+    def roofline(problem, shape, world_size, device, candidate_result=None, seed=0):
         calls.append((problem.name, shape, world_size, device, candidate_result))
         return {"bound_us": 3.2, "binding": "interconnect"}
 
     fake.roofline = roofline
     monkeypatch.setattr("tools.roofline.roofline_text",
                         lambda result, max_tokens: f"lower bound {result['bound_us']} us ({result['binding']})")
-    monkeypatch.setitem(sys.modules, "harness.measure.roofline", fake)
+    monkeypatch.setattr("tools.roofline.roofline", fake)
     monkeypatch.setattr("tools.roofline.run_evaluation", lambda ctx, path, timing: (timed, 0.0))
     ctx = make_ctx(all_reduce, tmp_path)
 

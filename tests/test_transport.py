@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.common import failures
-from harness.judge.compare import compare_outputs, structure_issue
+from harness.common.compare import compare_outputs, structure_issue
 from harness.rank import transport
 
 

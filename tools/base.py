@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import re
 import time
@@ -168,17 +167,6 @@ def as_data(value: Any) -> Any:
     if isinstance(value, (dict, list, str, int, float, bool)) or value is None:
         return json.loads(json.dumps(value, default=str))
     return {"repr": repr(value)[:4000]}
-
-
-def optional_kwargs(fn: Callable[..., Any], **candidates: Any) -> dict[str, Any]:
-    """The keyword arguments among `candidates` that `fn` accepts (and that are set): optional harness
-    parameters such as the GPU list, passed only to functions that take them."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return {}
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    return {k: v for k, v in candidates.items() if v is not None and (takes_any or k in params)}
 
 
 def bounded(ctx: ToolContext, blocks: Sequence[render.Block | str]) -> str:

@@ -4,20 +4,17 @@ Every rank's timeline (PyTorch profiler). On CUDA also Nsight Compute on one ran
 free (harness.measure.ncu, as `pkb profile --ncu` does, with the metric set the summary needs), summarised per
 kernel: its time and share of the call, DRAM and NVLink throughput against this machine's ceilings, SM
 throughput and the top stall reasons; where the counters cannot be read, one line says why. And Nsight
-Systems' kernel summary of that rank where nsys is installed (harness.measure.nsys). harness.measure.profiling is
-imported
-when the tool runs: a build without it answers that profiling is unavailable (true, and costs nothing)
-instead of failing the agent loop.
+Systems' kernel summary of that rank where nsys is installed (harness.measure.nsys).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
+from harness.measure import profiling
 from harness.measure.ncu import AGENT_SETS
-from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
+from tools.base import ToolContext, ToolOutcome, as_data, bounded, stopwatch
 from tools.render import Block
 from tools.summaries import profile_text
 
@@ -27,20 +24,12 @@ NSYS_BUDGET_S = 60.0
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for profile
-    try:
-        profiling = importlib.import_module("harness.measure.profiling")
-    except ImportError as err:
-        text = ("profile: profiling is unavailable in this build (the harness has no profiler module). "
-                "Use check and bench instead.")
-        return ToolOutcome("profile", bounded(ctx, [text]),
-                           {"tool": "profile", "available": False, "error": f"{type(err).__name__}: {err}"},
-                           candidate=candidate)
-    extra = optional_kwargs(profiling.profile, gpus=ctx.gpus, seed=ctx.config.seed,
-                            ranks_per_gpu=ctx.config.ranks_per_gpu, keep_dir=ctx.artifacts_dir)
+    extra: dict[str, Any] = {"gpus": ctx.gpus, "seed": ctx.config.seed, "ranks_per_gpu": ctx.config.ranks_per_gpu,
+                             "keep_dir": ctx.artifacts_dir}
     if ctx.device == "cuda":  # Nsight on GPUs; each says in one line what it could not do
-        extra.update(optional_kwargs(profiling.profile, ncu=True, ncu_metrics=AGENT_SETS, ncu_budget_s=NCU_BUDGET_S,
-                                     nsys=True, nsys_budget_s=NSYS_BUDGET_S))
-    refused = getattr(profiling, "ProfileError", None)  # the candidate could not run: a verdict, not a crash
+        extra.update(ncu=True, ncu_metrics=AGENT_SETS, ncu_budget_s=NCU_BUDGET_S, nsys=True,
+                     nsys_budget_s=NSYS_BUDGET_S)
+    failed: profiling.ProfileError | None = None
     with stopwatch() as clock:
         try:
             if ctx.on_devices is not None:
@@ -49,12 +38,8 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
             else:
                 result = profiling.profile(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device,
                                            shape=ctx.shape, **extra)
-        except Exception as err:
-            if refused is None or not isinstance(err, refused):
-                raise
+        except profiling.ProfileError as err:  # the candidate could not run: a verdict, not a crash
             failed = err
-        else:
-            failed = None
     gpu_s = ctx.gpu_seconds(clock["seconds"])
     if failed is not None:
         return _failure(failed, ctx, candidate, gpu_s)

@@ -3,17 +3,16 @@
 Without code it costs no candidate run: harness.measure.roofline traces the reference and divides bytes and FLOPs
 by the machine's ceilings. With code the candidate is benchmarked first (the full protocol, as `bench`)
 and its timings go to harness.measure.roofline, which reports the fraction of the bound it reaches; the model reads
-the record as tools.summaries.roofline_text writes it. The module is
-imported when the tool runs; a build without it says roofline is unavailable, before any GPU work.
+the record as tools.summaries.roofline_text writes it.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
-from tools.base import ToolContext, ToolOutcome, as_data, bounded, optional_kwargs, stopwatch
+from harness.measure import roofline
+from tools.base import ToolContext, ToolOutcome, as_data, bounded, stopwatch
 from tools.bench import timing_blocks
 from tools.check import result_data, run_evaluation, verdict_blocks
 from tools.render import Block, count_tokens
@@ -21,14 +20,6 @@ from tools.summaries import roofline_text
 
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
-    try:
-        roofline = importlib.import_module("harness.measure.roofline")
-    except ImportError as err:
-        text = ("roofline: the roofline is unavailable in this build (the harness has no roofline module). "
-                "Use bench for timings.")
-        return ToolOutcome("roofline", bounded(ctx, [text]),
-                           {"tool": "roofline", "available": False, "error": f"{type(err).__name__}: {err}"},
-                           candidate=candidate)
     verdict: list[Block] = []
     timing: list[Block] = []
     data: dict[str, Any] = {"tool": "roofline", "available": True}
@@ -40,14 +31,13 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         verdict = verdict_blocks(result, ctx, "roofline")[:1]
         timing = timing_blocks(result, ctx)
         measured = result if result.timings is not None else None  # only a timed (correct) run has a fraction
-    extra = optional_kwargs(roofline.roofline, gpus=ctx.gpus, seed=ctx.config.seed)
     with stopwatch() as clock:
         if ctx.on_devices is not None:
             bound = ctx.on_devices(ctx.world_size, ctx.device, roofline.roofline, ctx.problem, ctx.shape,
-                                   ctx.world_size, ctx.device, candidate_result=measured, **extra)
+                                   ctx.world_size, ctx.device, candidate_result=measured, seed=ctx.config.seed)
         else:
             bound = roofline.roofline(ctx.problem, ctx.shape, ctx.world_size, ctx.device, candidate_result=measured,
-                                      **extra)
+                                      seed=ctx.config.seed)
     gpu_s += ctx.gpu_seconds(clock["seconds"])
     others = verdict + timing
     used = count_tokens("\n".join(b.text for b in others)) + len(others) if others else 0

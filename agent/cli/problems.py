@@ -16,7 +16,7 @@ from agent.cli.options import add_source_argument
 
 if TYPE_CHECKING:
     from harness.problems.problem import Problem
-    from harness.problems.validate import Validation
+    from harness.validate import Validation
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,7 +102,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     # Deferred: the problems and the rank pools import torch, which the parser does not need.
     from agent.cli.source import resolve_source, select_in
-    from harness.problems.validate import shapes_to_check, validate_problems
+    from harness.validate import shapes_to_check, validate_problems
 
     problems = select_in(resolve_source(args.source), args.selection)
     sizes = world_sizes(args.world_size)

@@ -1,13 +1,12 @@
 """What the judge can tell about a candidate's times without trusting the process that measured them:
-impossible values, fresh inputs much slower than rotated ones, faster than the roofline bound. Judge side.
+impossible values, fresh inputs much slower than rotated ones, faster than the roofline bound (a number the
+caller computed: harness.measure.roofline.lower_bound_ms). Judge side.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Iterable
-from typing import Any
 
 from harness.common.integrity import IntegrityConfig
 
@@ -45,19 +44,13 @@ def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, referenc
     return fresh_median_ms > config.caching_ratio * rotated_ms + caching_margin_ms(reference_median_ms, config)
 
 
-def roofline_bound_ms(problem: Any, shape: str, world_size: int, device: str) -> float | None:
-    """The roofline lower bound of one call, from harness.measure.roofline.lower_bound_ms (GPU runs only; it
-    traces the reference once in a clean pool of its own, then reads a cache); None where the module or
-    a bound is missing, or on any error: a missing bound must never fail an evaluation."""
-    try:
-        module = importlib.import_module("harness.measure.roofline")
-    except ImportError:
-        return None
-    fn = getattr(module, "lower_bound_ms", None)
-    if not callable(fn):
-        return None
-    try:
-        value = fn(problem, shape, world_size, device)
-    except Exception:
-        return None
+def usable_bound(value: object) -> float | None:
+    """A roofline bound (ms) the check can use: finite and positive, else None (a missing bound never fails
+    an evaluation)."""
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
+
+
+def beats_the_roofline(median_ms: float, bound_ms: float, config: IntegrityConfig) -> bool:
+    """A median below the hardware's lower bound (with the configured slack) is impossible: the times were
+    not what the calls took."""
+    return median_ms < config.impossible_slack * bound_ms

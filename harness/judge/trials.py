@@ -7,7 +7,7 @@ counts. Every call carries a small random delay on every rank, so a stress call 
 from inside a rank.
 
 A call is judged rank by rank against the reference pool's files: structure, shape, dtype and values
-within tolerance (harness.judge.compare); the output copy taken at return against its later value
+within tolerance (harness.common.compare); the output copy taken at return against its later value
 (work left running); the inputs after the call against the pristine inputs (bit for bit under this
 suite's rule; under PKB's rule, where the reference itself modifies its inputs, against the reference's
 inputs after its call, within tolerance); the previous call's output changing during this one. Any
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import failures, hostile_files, integrity
+from harness.common.compare import compare_outputs
 from harness.common.integrity import IntegrityConfig
-from harness.judge.compare import compare_outputs
 from harness.rank import transport
 
 STRICT = "strict"  # inputs must come back bit-identical

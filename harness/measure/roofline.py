@@ -37,6 +37,7 @@ from harness.common.seeds import TIMING_TRIAL_BASE
 from harness.config import TimingConfig
 from harness.judge.reference import ReferenceFailed, time_reference_in_pool
 from harness.launch.pool import Hang, PoolError, RankPool
+from harness.measure import topology
 from harness.measure.hardware import REFERENCE_CEILINGS, REFERENCE_SOURCE
 from harness.problems.problem import Problem
 from harness.rank import tracing as tracing_rules
@@ -74,12 +75,6 @@ class Ceilings(BaseModel):
 def _topology_ceilings(notes: list[str], discover: bool) -> dict[str, Any]:
     """topology.ceilings() of the cached `pkb topology` profile; without one, of a fresh discovery when
     `discover` (GPU runs), else nothing (discovery takes seconds and finds no GPU ceilings on a CPU)."""
-    try:
-        # Deferred on purpose: found when needed, so a build without it (or a test hiding it) gets the fallback.
-        from harness.measure import topology
-    except ImportError:
-        notes.append("harness.measure.topology is not available: the reference 2x H200's figures are used")
-        return {}
     try:
         profile = topology.load()
         if profile is None and not discover:

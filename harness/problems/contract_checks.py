@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from harness.common.compare import same_values
 from harness.common.seeds import rank_seed
-from harness.judge.compare import same_values
 from harness.problems.problem import Problem
 
 

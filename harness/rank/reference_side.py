@@ -55,7 +55,7 @@ def probe_inputs(worker: Worker, problem: Problem, shape: dict[str, Any], seed: 
 def _probe_validity(worker: Worker, problem: Problem, shape: dict[str, Any], seed: int, expected: Any) -> str | None:
     """None when the reference is itself exact enough on the probe inputs (it matches the oracle within
     half the tolerance), else why the probe cannot judge this problem."""
-    from harness.judge.compare import compare_outputs  # trusted rank: no candidate code here
+    from harness.common.compare import compare_outputs  # trusted rank: no candidate code here
 
     if problem.oracle is None:
         return "the problem has no oracle"
@@ -215,7 +215,7 @@ def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
 def validate(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     """Op "validate": the distributed reference against the single-process oracle, over several trials.
     Every trial runs on every rank even after a failure, so the ranks' collectives stay matched."""
-    from harness.judge.compare import compare_outputs, same_values  # trusted rank: no candidate code here
+    from harness.common.compare import compare_outputs, same_values  # trusted rank: no candidate code here
 
     problem = worker.problem(req["problem"])
     shape = problem.shape(req["shape"])

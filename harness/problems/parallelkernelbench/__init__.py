@@ -11,5 +11,5 @@ checkout of it. Nothing of it is vendored:
 - .solutions: which reference each file of a solution set solves (by name, never by number alone),
   with renames.json, the known renames between the checkout's commits.
 
-Validating these problems (they have no oracle) is harness.problems.validate's. docs/pkb.md says more.
+Validating these problems (they have no oracle) is harness.validate's. docs/pkb.md says more.
 """

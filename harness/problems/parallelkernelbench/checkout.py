@@ -5,7 +5,7 @@ Nothing of ParallelKernelBench is vendored. A checkout holds reference/<id>_<nam
 problem_id, base_shape, dtype, trial=..., device=...) returns the tuple unpacked into solution(*x).
 Each reference becomes a harness.problems.problem.Problem with origin "pkb" and loader spec
 "pkb:<absolute checkout path>::<reference file name>", which the rank worker resolves through
-harness.problems.registry.load_problem_spec -> load_spec. These problems have no oracle (harness.problems.validate
+harness.problems.registry.load_problem_spec -> load_spec. These problems have no oracle (harness.validate
 says what validating one can and cannot show).
 
 Inputs. Trial numbers are derived from the harness's per-trial generator seed, so trials differ where

@@ -173,7 +173,7 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Plain-text entry point (`python -m harness.problems.validate`); `pkb problems validate` is the rich one."""
+    """Plain-text entry point (`python -m harness.validate`); `pkb problems validate` is the rich one."""
     parser = argparse.ArgumentParser(description="Validate problem references against their oracles")
     parser.add_argument("selection", nargs="*", help="problem names, globs or categories")
     parser.add_argument("--world-size", default="2,4")
