@@ -26,7 +26,6 @@ MAX_OUTPUT_TOKENS = "max_output_tokens"
 MAX_COST = "max_cost"
 MAX_WALL = "max_wall"
 MAX_GPU = "max_gpu"
-BUDGET_REASONS = (MAX_TURNS, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, MAX_COST, MAX_WALL, MAX_GPU)
 
 
 @dataclass(frozen=True)

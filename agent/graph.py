@@ -134,10 +134,6 @@ def opening(ctx: SampleContext) -> prompting.Opening:
                              scratch=ctx.directory.path / shell.SHELL_DIR)
 
 
-def initial_messages(ctx: SampleContext) -> list[BaseMessage]:
-    return opening(ctx).messages
-
-
 def finish_reason(message: BaseMessage) -> str | None:
     """Why the server stopped generating: OpenAI's finish_reason (stop, length, tool_calls) or Anthropic's
     stop_reason (end_turn, max_tokens, tool_use)."""

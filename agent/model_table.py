@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,15 +31,6 @@ class ModelInfo:
     reasoning: Reasoning | None = None
     temperature: bool = True  # whether a non-default temperature is accepted
     effort_levels: tuple[str, ...] = ()
-
-    def with_overrides(self, *, context_window: int | None = None,
-                       max_output_tokens: int | None = None) -> ModelInfo:
-        changes: dict[str, Any] = {}
-        if context_window is not None:
-            changes["context_window"] = context_window
-        if max_output_tokens is not None:
-            changes["max_output_tokens"] = max_output_tokens
-        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ OURS = "pkb-agent"
 PKB = "pkb"
 OUR_RULE = "pkb-agent:last-python-block"
 SHELL_RULE = "shell-file"  # the bash condition: the file in the scratch folder, not the reply
-HARDWARE_CHOICES = ("h100_8", "b200_72", "none")
 
 
 class PromptChoiceError(ValueError):

@@ -138,8 +138,3 @@ def _default_max(info: ModelInfo | None) -> int:
     return min(DEFAULT_ANTHROPIC_MAX_TOKENS, limit) if limit is not None else DEFAULT_ANTHROPIC_MAX_TOKENS
 
 
-def is_reasoning(provider: str, info: ModelInfo | None, reasoning: ReasoningConfig) -> bool:
-    """Whether replies carry reasoning (thinking blocks, reasoning tokens) under these settings."""
-    if reasoning.asked:
-        return True
-    return provider == "openai" and info is not None and info.reasoning == "effort"

@@ -44,7 +44,6 @@ SHELL_HARNESS_COMMANDS: dict[str, str] = {"pkb-check": "check", "pkb-bench": "be
 class ToolSpec:
     name: str
     source: Source  # does a call carry the candidate's complete file?
-    needs_device: bool  # does it run ranks (and so hold the devices while it runs)?
     argument: Argument | None = None
 
     @property
@@ -60,20 +59,17 @@ class ToolSpec:
 
 
 SPECS: tuple[ToolSpec, ...] = (
-    ToolSpec("compile", "required", needs_device=False),  # builds in a process of its own, holds no GPU
-    ToolSpec("check", "required", needs_device=True),
-    ToolSpec("bench", "required", needs_device=True),
-    ToolSpec("profile", "required", needs_device=True),
-    ToolSpec("roofline", "optional", needs_device=True),  # without source: the bound of the reference alone
-    ToolSpec("submit", "required", needs_device=False),  # records the file; the final scoring runs it later
-    ToolSpec("guide", "none", needs_device=False, argument=Argument("topic", str, required=False)),
-    ToolSpec("recall", "none", needs_device=False, argument=Argument("candidate", int, required=True)),
+    ToolSpec("compile", "required"),  # builds in a process of its own, holds no GPU
+    ToolSpec("check", "required"),
+    ToolSpec("bench", "required"),
+    ToolSpec("profile", "required"),
+    ToolSpec("roofline", "optional"),  # without source: the bound of the reference alone
+    ToolSpec("submit", "required"),  # records the file; the final scoring runs it later
+    ToolSpec("guide", "none", argument=Argument("topic", str, required=False)),
+    ToolSpec("recall", "none", argument=Argument("candidate", int, required=True)),
     # A shell command in the sample's sandboxed scratch folder; its harness commands take the devices.
-    ToolSpec(BASH_TOOL, "none", needs_device=False, argument=Argument("command", str, required=True)),
+    ToolSpec(BASH_TOOL, "none", argument=Argument("command", str, required=True)),
 )
 BY_NAME: dict[str, ToolSpec] = {s.name: s for s in SPECS}
 
 TOOL_NAMES: tuple[str, ...] = tuple(s.name for s in SPECS)
-CODE_TOOLS: tuple[str, ...] = tuple(s.name for s in SPECS if s.source == "required")  # `source` is required
-SOURCE_TOOLS: tuple[str, ...] = tuple(s.name for s in SPECS if s.source != "none")  # `source` is read
-DEVICE_FREE_TOOLS: frozenset[str] = frozenset(s.name for s in SPECS if not s.needs_device)

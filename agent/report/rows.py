@@ -110,9 +110,6 @@ def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-    return head, rows
-
-
 def curve_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     head = ["p"] + [a["label"] for a in report.data["arms"]]
     rows = []

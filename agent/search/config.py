@@ -25,7 +25,6 @@ from harness.emulation import layout
 
 SEARCH_SCHEMA = "pkb-search/1"
 STRATEGIES = ("independent", "best_first", "islands")
-BUDGET_KINDS = ("candidates", "gpu_hours", "cost_usd", "tokens", "wall_hours")
 
 
 class Limits(BaseModel):

@@ -331,7 +331,6 @@ class MutatorChatModel(BaseChatModel):
     seed: int
     device: str = "cpu"
     rates: Rates = Field(default_factory=Rates)
-    last_notes: list[str] = Field(default_factory=list)
 
     @property
     def _llm_type(self) -> str:
@@ -370,7 +369,6 @@ class MutatorChatModel(BaseChatModel):
                 content = f"Checking this draft first ({said})."
                 reply = AIMessage(content=content, tool_calls=[{"name": tool, "args": {"source": source},
                                                                 "id": f"call_{len(tried)}", "type": "tool_call"}])
-        self.last_notes = notes
         reply.usage_metadata = UsageMetadata(input_tokens=len(text) // 4, output_tokens=len(content) // 4,
                                              total_tokens=len(text) // 4 + len(content) // 4)
         return ChatResult(generations=[ChatGeneration(message=reply)])

@@ -25,7 +25,6 @@ from agent.conditions import AGENT_TOOLS, REPLAY, Condition, ConditionError, par
 from agent.model_spec import ProviderError, parse_model_spec
 
 SWEEP_SCHEMA = "pkb-sweep/1"
-FAMILIES = ("single", "all-but-one", "all")
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

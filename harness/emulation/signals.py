@@ -24,7 +24,6 @@ BARRIER = "pkb_emu_barrier"
 PUT_SIGNAL = "pkb_emu_put_signal"
 WAIT_SIGNAL = "pkb_emu_wait_signal"
 WARP = 32
-NS_PER_MS = 1_000_000
 
 
 def _spin_cas(tag: str, addr: str, compare: int, value: int, sem: str) -> str:

@@ -718,9 +718,6 @@ class RankPool:
         return {"ok": False, "rank": r.rank, "verdict": failures.RUNTIME_ERROR, "died": True,
                 "message": f"rank {r.rank} process {how}", "evidence": self._log_tail(r)}
 
-    def log_tail(self, rank: int, limit: int = 3000) -> str:
-        return self._log_tail(self.ranks[rank], limit) if rank < len(self.ranks) else ""
-
     def _log_tail(self, r: RankPipes, limit: int = 3000) -> str:
         return bytes(r.log[-limit:]).decode(errors="replace")
 

@@ -31,7 +31,7 @@ def set_limits(limits: dict[str, int]) -> None:
     if limits.get("fsize"):
         pairs.append((resource.RLIMIT_FSIZE, int(limits["fsize"])))
     for which, value in pairs:
-        soft, hard = resource.getrlimit(which)
+        _, hard = resource.getrlimit(which)
         cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (cap, cap))
 

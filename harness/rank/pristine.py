@@ -72,7 +72,6 @@ string_at = getattr(ctypes, "_string_at", ctypes.string_at)
 os_open = os.open
 os_write = os.write
 os_close = os.close
-os_replace = os.replace
 O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW = os.O_WRONLY, os.O_CREAT, os.O_TRUNC, getattr(os, "O_NOFOLLOW", 0)
 builtin_type = type
 builtin_isinstance = isinstance

@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from harness.common import failures
 from harness.common.failures import Verdict
 
 SCHEMA_VERSION = 1
@@ -142,10 +141,6 @@ class EvalResult(BaseModel):
     created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     @property
-    def failure_class(self) -> str:
-        return self.verdict
-
-    @property
     def counted_speedup(self) -> float | None:
         """The speedup that fast_p may count: None unless correct, timed and free of disqualifying flags."""
         return self.speedup if self.correct and self.fast_eligible else None
@@ -159,5 +154,3 @@ class EvalResult(BaseModel):
         return f"{self.verdict}: {self.failure.message}"
 
 
-def is_model_failure(verdict: str) -> bool:
-    return verdict not in (failures.CORRECT, failures.INFRA_ERROR)

@@ -332,12 +332,6 @@ class ReferenceModule(ModuleType):
             plan = self.input_plans[key] = plan_inputs(inputs, other)
         return apply_plan(inputs, plan, generator.initial_seed() - rank)
 
-    def input_rows(self, base_shape: tuple[int, ...], world_size: int) -> dict[int, list[tuple[str, str, str]]]:
-        """InputPlan.rows() of every rank whose inputs this process drew at that shape and world size (a rank
-        worker can send these back; .inputs.merge_rows turns them into an InputReport)."""
-        return {rank: plan.rows() for (shape, w, rank, _), plan in sorted(self.input_plans.items())
-                if shape == tuple(base_shape) and w == world_size}
-
     def input_flags(self) -> list[str]:
         """Flags for what make_inputs did in this process so far."""
         flags = set()
