@@ -1,6 +1,6 @@
 """Input tokens a 30-turn agent session bills with and without prompt caching, per provider.
 
-The session is the scripted one of tests/test_model_apis.py, run through the real loop (LangGraph,
+The session is the scripted one of tests/agent/test_model_apis.py, run through the real loop (LangGraph,
 LangChain, the SDKs, HTTP) against the local fake servers of tests/fakes, with this suite's real prompts
 (system prompt with the guide, tool schemas, the all_reduce task) and a real expert kernel as every
 candidate (problems/collective/solutions/all_reduce__two_shot_push.py); the tool answers are the real

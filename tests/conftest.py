@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-CANDIDATES = Path(__file__).parent / "candidates"
+# The tests folder: shared helpers, candidates, exploits and fixtures live here; the tests mirror the package tree
+# below it (tests/harness/judge/ tests harness/judge/, ...).
+TESTS = Path(__file__).resolve().parent
+CANDIDATES = TESTS / "candidates"
 
 # The user's cache, as harness.records.cache_dir finds it without PKB_CACHE_DIR; the session's own, set before any test
 # module (or the harness) is imported. A PKB_CACHE_DIR the user exported is overridden too: it may be that one.

@@ -1,5 +1,5 @@
-"""One rank of tests/test_host_collectives.py: every collective of the host backend on CPU, each compared
-with an oracle computed in this process from every rank's inputs, and with gloo wherever gloo serves the
+"""One rank of tests/harness/emulation/test_host_collectives.py: every collective of the host backend on CPU,
+each compared with an oracle computed in this process from every rank's inputs, and with gloo wherever gloo serves the
 same call. Run as `python -m tests.host_collectives_support RANK WORLD INIT_FILE OUT_JSON`.
 
 Inputs are drawn from a generator seeded by (case, rank), so every rank can draw every other rank's

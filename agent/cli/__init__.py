@@ -4,7 +4,7 @@ Every command module imports only light things at its top (argparse, rich, the C
 harness (torch), the model stack (langchain, langgraph, the provider SDKs) and matplotlib are imported by
 the command's handler when it runs. So `pkb --help`, `pkb run --help` and every mistake the arguments
 alone reveal answer at once, and the commands that need only the harness run where the model stack is
-not installed (tests/test_cli_startup.py checks both).
+not installed (tests/agent/cli/test_cli_startup.py checks both).
 
 Adding a command `pkb NAME`:
   1. write agent/cli/NAME.py with `register(sub)`, which adds its parser to `sub` (sub.add_parser(NAME,

@@ -13,7 +13,8 @@ executor: on this node inside a DeviceScheduler lease with native code built fir
 and the result recorded. Each step is one transaction of the archive, so a search killed at any moment
 resumes exactly where it was: evaluated slots are kept, a proposed slot is evaluated without asking the
 model again, a decided slot asks the model, and deciding goes on from the next slot. The same seed and a
-deterministic evaluator give the same archive however often the search is killed (tests/test_search_kill.py).
+deterministic evaluator give the same archive however often the search is killed
+(tests/agent/search/test_search_kill.py).
 
 When no problem is left active (or the search budget is spent), the loop waits for what is in flight,
 then re-scores the `rescore_candidates` best distinct trusted kernels of each problem on `rescore_seeds`
