@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run_backend(args, "gloo") + run_backend(args, "pkbhost")
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "host": platform.node(),
             "cores": os.cpu_count(), "device": args.device, "world_size": args.world_size,
             "torch": torch.__version__, "torch_threads": args.torch_threads or "default", "calls": args.calls}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

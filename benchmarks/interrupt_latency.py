@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pkb-interrupt-") as tmp:
         rows = [one(Path(tmp), i) for i in range(args.repeats)]
     exits = [r["seconds_to_exit"] for r in rows]
-    summary = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.node(),
+    summary = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                "cpus": os.cpu_count(), "load_average": os.getloadavg(), "command": " ".join(sys.argv),
                "runs": rows, "median_seconds_to_exit": statistics.median(exits), "max_seconds_to_exit": max(exits)}
     (out / "results.json").write_text(json.dumps(summary, indent=2))

@@ -34,7 +34,7 @@ import shlex
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     todo, skipped = plan(args)
     doc: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "machine": machine(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"), "machine": machine(),
         "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/pkb_side_by_side.py",
                                                       *(sys.argv[1:] if argv is None else argv)]),
         "world_size": args.world_size, "shape": args.shape, "trials": args.trials, "pkb_trials": args.pkb_trials,

@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.node(),
+        record = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                   "cpus": os.cpu_count(), "argv": sys.argv[1:], "sleep_s": args.sleep_s,
                   "gpus_per_node": args.gpus_per_node, "world_size": WORLD_SIZE, "rows": rows}
         (out / "ray_throughput.json").write_text(json.dumps(record, indent=2))

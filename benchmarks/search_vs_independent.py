@@ -27,7 +27,7 @@ import os
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +176,7 @@ def main() -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": platform.node(),
+        record = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": platform.node(),
                   "cpus": os.cpu_count(), "load_average": os.getloadavg(), "argv": sys.argv,
                   "evaluator": args.evaluator or "harness", "results": results, "analysis": analysis}
         (out / f"search_vs_independent-{tag}.json").write_text(json.dumps(record, indent=2, default=str))

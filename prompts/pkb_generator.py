@@ -20,11 +20,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 GENERATOR = "kernelgen/generate_kernel.py"
 AGENT_GENERATOR = "kernelgen/generate_kernel_agent.py"

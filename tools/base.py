@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ def save_record(outcome: ToolOutcome, ctx: ToolContext) -> None:
     source = outcome.candidate.read_bytes()
     record = {"tool": outcome.name, "candidate": f"{CANDIDATES_DIR}/{outcome.candidate.name}",
               "sha256": hashlib.sha256(source).hexdigest(),
-              "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
               "problem": ctx.problem.name, "shape": ctx.shape, "world_size": ctx.world_size, "device": ctx.device,
               "gpu_seconds": outcome.gpu_seconds, "ends_sample": outcome.ends_sample, "text": outcome.text,
               "data": outcome.data}

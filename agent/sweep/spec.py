@@ -14,11 +14,11 @@ names `pkb run --run-id` accepts.
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent.conditions import AGENT_TOOLS, REPLAY, Condition, ConditionError, parse_condition, parse_tools

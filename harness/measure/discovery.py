@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import torch
@@ -167,7 +167,7 @@ def multicast_disabled_by_policy(env: Mapping[str, str] | None = None) -> bool:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _run(argv: list[str]) -> str | None:

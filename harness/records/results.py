@@ -5,7 +5,7 @@ Parent-side only (the rank worker must not import pydantic).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -138,7 +138,7 @@ class EvalResult(BaseModel):
     stages: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
     environment: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
-    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     @property
     def counted_speedup(self) -> float | None:

@@ -1,0 +1,69 @@
+"""harness.rank.calls: the copies, fingerprints and comparisons a rank makes around a call, and the delay that
+makes one rank late."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from harness.rank.calls import call_with_snapshots, clone_tree, delay, fingerprint, leaves, same_bytes, snapshot
+
+CPU = torch.device("cpu")
+
+
+def test_leaves_walk_containers_in_a_fixed_order():
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    assert [t.item() for t in leaves({"z": a, "a": [b, (c,)]})] == [1.0, 2.0, 0.0]  # dict keys sorted
+    assert list(leaves(3)) == [3]
+
+
+def test_a_clone_can_be_modified_without_touching_the_original():
+    original = {"x": torch.arange(3.0), "rest": [torch.ones(2), 5]}
+    copy = clone_tree(original)
+    copy["x"].add_(1)
+    copy["rest"][0].zero_()
+    assert original["x"].tolist() == [0.0, 1.0, 2.0] and original["rest"][0].tolist() == [1.0, 1.0]
+    assert copy["rest"][1] == 5 and isinstance(copy["rest"], list)
+
+
+def test_same_bytes_and_fingerprints_see_one_changed_bit():
+    x = torch.arange(1000, dtype=torch.float32)
+    y = x.clone()
+    assert same_bytes((x,), (y,)) and fingerprint((x,)) == fingerprint((y,))
+    y.view(torch.int32)[500] ^= 1  # the lowest bit of one element
+    assert not same_bytes((x,), (y,)) and fingerprint((x,)) != fingerprint((y,))
+
+
+def test_a_snapshot_is_a_private_plain_copy():
+    class Tagged(tuple):  # a subclass the candidate controls: the copy is a plain tuple
+        pass
+
+    live = Tagged((torch.ones(2),))
+    copy = snapshot(live)
+    live[0].zero_()
+    assert type(copy) is tuple and copy[0].tolist() == [1.0, 1.0]
+
+
+def test_a_late_rank_on_the_cpu_sleeps():
+    started = time.perf_counter()
+    delay(0.05, CPU)
+    assert time.perf_counter() - started >= 0.05
+    started = time.perf_counter()
+    delay(0.0, CPU)
+    delay(-1.0, CPU)
+    assert time.perf_counter() - started < 0.05
+
+
+def test_the_output_is_copied_at_return_and_again_later():
+    held = torch.zeros(2)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        held.copy_(x)
+        return held
+
+    live, at_return, later = call_with_snapshots(call, (torch.ones(2),), CPU, 0.0, 0, lambda out: True)
+    live.fill_(7.0)  # what the candidate does to its output afterwards never reaches the copies
+    assert at_return.tolist() == [1.0, 1.0] and later.tolist() == [1.0, 1.0]
+    _, not_plain, none_later = call_with_snapshots(call, (torch.ones(2),), CPU, 0.0, 0, lambda out: False)
+    assert not_plain is None and none_later is None
