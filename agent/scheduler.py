@@ -35,12 +35,6 @@ class Lease:
     started: float = field(default_factory=time.perf_counter)
     held_s: float = 0.0  # set when the lease is returned
 
-    @property
-    def device_seconds(self) -> float:
-        """Seconds held times the GPUs held: the GPU seconds this lease cost (on CPU: rank-process seconds, so
-        a GPU budget means the same device time on both, and can be tested without a GPU)."""
-        return self.held_s * (len(set(self.gpus)) if self.gpus else self.ranks)
-
 
 def visible_gpus(env: dict[str, str] | None = None, count: int | None = None) -> list[int]:
     """Physical indices of the GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else 0..count-1."""

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
 # 2026-12-01, one H200, the same command at --concurrency 8..14 in three batches (issue 30, docs/pkb.md).
-BEFORE = {"finished": "74 of 79 (5 unfinished after 16 more minutes; 4 not started)",
+BEFORE: dict[str, Any] = {"finished": "74 of 79 (5 unfinished after 16 more minutes; 4 not started)",
           "verdicts": {"correct": 23, "output_mismatch": 12, "runtime_error": 10, "compile_error": 5,
                        "shape_mismatch": 1, "deadlock": 1, "infra_error": 22},
           "infra_error": "5 multicast (right), 17 the one-GPU mode's collectives (gloo)",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,7 +68,7 @@ def main() -> int:
     for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         os.environ[key] = "0" if key == "NCCL_NVLS_ENABLE" else "1"
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(args, os.path.join(tmp, "init")), nprocs=args.world_size, join=True)
+        spawn(rank_main, args=(args, os.path.join(tmp, "init")), nprocs=args.world_size, join=True)
     return 0
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +42,7 @@ def main() -> int:
     for p in problems:
         if pool is None:
             pool = RankPool(args.world_size, args.device, keep_logs=args.keep_logs).start()
-        row = {"problem": p.name, "category": p.category}
+        row: dict[str, Any] = {"problem": p.name, "category": p.category}
         started = time.perf_counter()
         try:
             val = pool.request({"op": "validate", "problem": p.loader_spec, "shape": "small", "seed": 7,
@@ -67,7 +68,8 @@ def main() -> int:
                 pool = None
         except Hang as hang:
             row["message"] = f"hang: {hang}"
-            pool.kill()
+            if pool is not None:
+                pool.kill()
             pool = None
         row["seconds"] = time.perf_counter() - started
         rows.append(row)

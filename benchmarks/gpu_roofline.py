@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -26,17 +27,16 @@ from harness.config import EvalConfig, TimingConfig  # noqa: E402
 from harness.evaluate import evaluate  # noqa: E402
 from harness.launch.pool import Hang, PoolError, RankPool  # noqa: E402
 from harness.measure import ncu as nsight  # noqa: E402
-from harness.measure.profiling import ProfileError, profile, render_text  # noqa: E402
+from harness.measure.profiling import ProfileError, profile  # noqa: E402
 from harness.measure.roofline import (  # noqa: E402
     RooflineError,
-    fmt_bytes,
-    fmt_time,
     resolve_ceilings,
     roofline,
     time_reference,
     trace_reference,
 )
 from harness.problems.registry import get, load_suite  # noqa: E402
+from tools.summaries import fmt_bytes, fmt_time, ncu_lines, profile_text  # noqa: E402  (the text the tools show)
 
 SOLUTIONS = [ROOT / "problems" / "collective" / "solutions", ROOT / "problems" / "tensor" / "solutions"]
 # NCCL references: every collective problem at its default shape, all_reduce across sizes up to 1 GiB.
@@ -140,7 +140,7 @@ def run_ncu(args: argparse.Namespace) -> list[dict]:
     print(f"\nncu on PATH: {nsight.ncu_path()}", flush=True)
     if nsight.ncu_path():
         subprocess.run(["ncu", "--version"], check=False)
-    out = []
+    out: list[dict[str, Any]] = []
     # 1. What `pkb profile --ncu` does by default, end to end, with the 60 s budget.
     started = time.perf_counter()
     try:
@@ -149,7 +149,7 @@ def run_ncu(args: argparse.Namespace) -> list[dict]:
         wall = time.perf_counter() - started
         print(f"\n== pkb profile {rel} --shape {shape} --ncu (budget {args.ncu_budget:.0f} s): {wall:.1f} s wall, "
               f"ncu {report.ncu.seconds:.1f} s ==")
-        print(render_text(report))
+        print(profile_text(report))
         out.append({"variant": "pkb profile default", "wall_s": wall, "report": report.to_dict()})
     except ProfileError as err:
         print(f"pkb profile failed: {err.verdict}: {err}\n{err.evidence}")
@@ -161,7 +161,7 @@ def run_ncu(args: argparse.Namespace) -> list[dict]:
                                  budget_s=args.ncu_budget, metrics=metrics, replay=replay)
             out.append({"variant": label, "report": asdict(rep)})
             print(f"\n== {label}: {rep.status} in {rep.seconds:.1f} s ==")
-            print("\n".join(nsight.render_lines(rep)))
+            print("\n".join(ncu_lines(rep)))
             for run in rep.runs:
                 print(f"   run {run.metric_set}: {run.status}, {run.seconds:.1f} s, passes {run.passes}, "
                       f"{run.message[:300]}")
@@ -169,8 +169,8 @@ def run_ncu(args: argparse.Namespace) -> list[dict]:
     print("\n| variant | status | seconds | NVLink sent/call | NVLink received/call | GPU time/call | missing |")
     print("|---|---|---|---|---|---|---|")
     for d in out:
-        rep = d.get("report") or {}
-        ncu = (rep.get("ncu") if "ranks" in rep else rep) or {}
+        row = d.get("report") or {}
+        ncu = (row.get("ncu") if "ranks" in row else row) or {}
         per = ncu.get("per_call", {})
         gpu = per.get("gpu__time_duration.sum")
         print(f"| {d['variant']} | {ncu.get('status', d.get('error', '?'))} | {ncu.get('seconds', 0):.1f} | "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +25,7 @@ SHORT = {"matched": "name", "matched by rename": "rename", "matched by signature
          "unmatched": "UNMATCHED"}
 
 
-def old_numbering_target(file: str, references: dict[str, str], renames: dict[str, str]) -> str | None:
+def old_numbering_target(file: str, references: Mapping[str, object], renames: dict[str, str]) -> str | None:
     """The reference the first commit's numbering rule gives a file (None: the rule gives none)."""
     m = re.match(r"^(\d+)_(.+)_(cuda|triton|parallelkittens)\.py$", file)
     if m is None:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -152,7 +153,8 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
     table = kinds(device)
     plan = schedule(args.n, args.deadlocks)
     warmup = max(10, args.n // 10)
-    rows, baseline = [], None
+    rows: list[dict[str, Any]] = []
+    baseline: dict[str, Any] | None = None
     gpu_idle = gpu_memory_mb() if device == "cuda" else None
     started = time.perf_counter()
     for i, name in enumerate(plan):
@@ -161,7 +163,8 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
         try:
             result = evaluate(problem, kind.path, world_size=args.world_size, device=device, shape=shape,
                               config=config)
-            verdict, message = result.verdict, result.failure.message[:200] if result.failure else ""
+            verdict: str = result.verdict
+            message = result.failure.message[:200] if result.failure else ""
         except Exception as exc:  # the harness itself broke: that is a soak failure, keep going
             verdict, message = "harness_exception", f"{type(exc).__name__}: {exc}"[:200]
         seconds = time.perf_counter() - t0
@@ -169,7 +172,8 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
         leftovers = sorted(p.name for p in private.iterdir() if p.name != "cache")
         gc.collect()
         gpu_mb = gpu_memory_mb() if gpu_idle is not None else None
-        gpu_leak = gpu_mb is not None and any(now > idle + GPU_SLACK_MB for now, idle in zip(gpu_mb, gpu_idle))
+        gpu_leak = gpu_mb is not None and gpu_idle is not None and any(
+            now > idle + GPU_SLACK_MB for now, idle in zip(gpu_mb, gpu_idle))
         row = {"i": i, "kind": name, "expected": kind.verdict, "verdict": verdict, "ok": verdict == kind.verdict,
                "seconds": round(seconds, 2), "rss_mb": round(rss_mb(), 1), "fds": open_fds(),
                "children": children, "leftovers": leftovers, "gpu_mb": gpu_mb, "gpu_leak": gpu_leak,
@@ -188,7 +192,7 @@ def soak(args: argparse.Namespace, private: Path, report: Path) -> int:
     growth = (end["rss_mb"] - baseline["rss_mb"]) / baseline["rss_mb"]
     wrong = [r for r in rows if not r["ok"]]
     leaked = [r for r in rows if r["children"] or r["leftovers"] or r["gpu_leak"]]
-    per_kind = {}
+    per_kind: dict[str, dict[str, Any]] = {}
     for name in table:
         mine = [r for r in rows if r["kind"] == name]
         if mine:

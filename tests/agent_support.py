@@ -3,7 +3,7 @@ fresh run directory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def eval_config() -> EvalConfig:
     return EvalConfig(trials=2, timing=TimingConfig(warmup=1, iters=3, host_iters=1))
 
 
-def run_samples(tmp_path: Path, models: list[BaseChatModel] | Callable[[], BaseChatModel], *,
+def run_samples(tmp_path: Path, models: Sequence[BaseChatModel] | Callable[[], BaseChatModel], *,
                 conditions: list[str], problems: tuple[str, ...] = ("all_reduce",), samples: int = 1,
                 budget: Budget | None = None, prices: PriceTable | None = None, concurrency: int = 1,
                 run_id: str = "run", model: str = SCRIPTED, **config: Any) -> tuple[Runner, Any]:

@@ -12,10 +12,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:  # the harness is imported after the session's cache is set, below
+    from harness.records.results import EvalResult, Failure, Timings
 
 # The tests folder: shared helpers, candidates, exploits and fixtures live here; the tests mirror the package tree
 # below it (tests/harness/judge/ tests harness/judge/, ...).
@@ -141,3 +144,15 @@ def processes_mentioning(text: str, wait_s: float = 5.0) -> list[int]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def failure_of(result: EvalResult) -> Failure:
+    """A result's failure, which the test expects there (an EvalResult's is optional: None when correct)."""
+    assert result.failure is not None, f"no failure: the verdict is {result.verdict}"
+    return result.failure
+
+
+def timings_of(result: EvalResult) -> Timings:
+    """A result's timings, which the test expects there (None unless the candidate was correct and timed)."""
+    assert result.timings is not None, f"no timings: the verdict is {result.verdict}"
+    return result.timings

@@ -6,12 +6,14 @@ import html
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 PROBLEMS = (("all_reduce", "collective"), ("all_gather", "collective"), ("ulysses_all_to_all", "sequence"))
 
 
 # (verdict, speedup, roofline fraction) per condition, problem and sample: the agent does better.
-OUTCOMES = {
+Outcome = tuple[str, float | None, float | None]
+OUTCOMES: dict[str, dict[str, list[Outcome]]] = {
     "zero-shot": {
         "all_reduce": [("correct", 0.8, 0.30), ("compile_error", None, None), ("output_mismatch", None, None)],
         "all_gather": [("no_code", None, None), ("runtime_error", None, None), ("deadlock", None, None)],
@@ -65,7 +67,7 @@ def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, sampl
                     "wall_s": 10.0, "gpu_s": 2.0 if agent else 0.5,
                     "started_at": "2026-11-29T19:00:01+00:00", "finished_at": "2026-11-29T19:00:11+00:00",
                 })
-                transcript = [
+                transcript: list[dict[str, Any]] = [
                     {"role": "system", "content": "You write multi-GPU kernels."},
                     {"role": "user", "content": f"Problem {problem}. {HOSTILE}"},
                 ]

@@ -92,11 +92,11 @@ def evaluate(problem: Problem, candidate_path: Path, *, world_size: int, device:
         speedup = REFERENCE_MS / ms
     return EvalResult(
         problem=problem.name, category=problem.category, shape=shape, world_size=world_size,
-        device=device,  # type: ignore[arg-type]
+        device=device,
         candidate=CandidateInfo(path=str(candidate_path), sha256=hashlib.sha256(source.encode()).hexdigest()),
-        verdict=verdict,  # type: ignore[arg-type]
+        verdict=verdict,
         correct=verdict == failures.CORRECT,
-        failure=None if verdict == failures.CORRECT else Failure(verdict=verdict, message=message,  # type: ignore[arg-type]
+        failure=None if verdict == failures.CORRECT else Failure(verdict=verdict, message=message,
                                                                phase="check"),
         timings=timings, speedup=speedup, flags=flags, fast_eligible=fast_eligible(flags), seed=config.seed,
         trials=config.trials, stages=dict(STAGES),

@@ -119,7 +119,9 @@ class Workspace:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-        self.handle = symm_mem.rendezvous(self.buffer, group=dist.group.WORLD)
+        world = dist.group.WORLD
+        assert world is not None  # the ranks' process group is up before any workspace is made
+        self.handle = symm_mem.rendezvous(self.buffer, group=world)
         # A new allocation brings fresh (zeroed) signal pads, so the epochs restart too.
         self.counters = torch.zeros(1024, dtype=torch.int32, device=device)
         self.nbytes = nbytes

@@ -32,11 +32,11 @@ PKB_CHECKOUT = TESTS / "fixtures" / "pkb_checkout"
 
 # -- pure helpers ------------------------------------------------------------------------------------------
 def test_best_by_evidence_prefers_the_fastest_counted_then_the_latest_correct() -> None:
-    entries = [{"index": 0, "correct": False}, {"index": 1, "correct": True, "speedup": None},
+    entries: list[dict[str, Any]] = [{"index": 0, "correct": False}, {"index": 1, "correct": True, "speedup": None},
                {"index": 2, "correct": True, "speedup": 1.4}, {"index": 3, "correct": True, "speedup": 1.1},
                {"index": 4, "correct": True, "speedup": None}, {"index": 5, "correct": None}]
-    assert final_scoring.best_by_evidence(entries)["index"] == 2
-    assert final_scoring.best_by_evidence([e for e in entries if e.get("speedup") is None])["index"] == 4
+    assert (final_scoring.best_by_evidence(entries) or {}).get("index") == 2
+    assert (final_scoring.best_by_evidence([e for e in entries if e.get("speedup") is None]) or {}).get("index") == 4
     assert final_scoring.best_by_evidence([entries[0], entries[5]]) is None
 
 

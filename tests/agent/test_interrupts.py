@@ -220,7 +220,7 @@ def test_a_ray_wait_cancels_its_task_on_interrupt(fresh_cancel: None) -> None:
             self.cancelled.append((ref, force))
 
     executor = object.__new__(RayExecutor)
-    executor._ray = FakeRay()  # type: ignore[assignment]
+    executor._ray = FakeRay()
     executor.task_timeout_s = 0.2
     assert executor._wait("task") is False  # the task's own time limit: not finished, nothing raised
     executor.task_timeout_s = None

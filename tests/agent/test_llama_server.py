@@ -66,7 +66,8 @@ def test_wire_format_usage_and_finish_reasons(server: LlamaServer) -> None:
     assert usage.output_tokens == 5 and finish_reason(reply) == "length" and str(reply.content).strip()
     roomy = make_chat_model(MODEL, base_url=server.url, max_output_tokens=64, temperature=0.0)
     answer = invoke_model(roomy, [HumanMessage("Reply with one word: yes.")], attempts=1)
-    assert finish_reason(answer) in ("stop", "length") and 0 < usage_of(answer).output_tokens <= 64
+    usage = usage_of(answer)
+    assert finish_reason(answer) in ("stop", "length") and usage is not None and 0 < usage.output_tokens <= 64
 
 
 def run(tmp_path: Path, server: LlamaServer, *args: str) -> tuple[int, dict[str, dict[str, Any]]]:

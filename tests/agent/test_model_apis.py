@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import pytest
+from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_openai import ChatOpenAI
 
@@ -248,10 +249,14 @@ def test_openai_server_reports_cached_tokens_only_for_a_repeated_prefix():
         other = invoke_model(model, [SystemMessage("y" + "x" * 8999), HumanMessage("a")], attempts=1)
     first, second, third = (u["prompt_tokens_details"]["cached_tokens"] for u in fake.usages)
     assert first == 0 and second >= 2944 and second % CACHE_STEP == 0 and third == 0
-    assert usage_of(again).cache_read_tokens == second and usage_of(other).cache_read_tokens == 0
+    again_usage, other_usage = usage_of(again), usage_of(other)
+    assert again_usage is not None and other_usage is not None
+    assert again_usage.cache_read_tokens == second and other_usage.cache_read_tokens == 0
 
 
-def anthropic_client(fake: AnthropicFake) -> anthropic.Anthropic:
+def anthropic_client(fake: AnthropicFake) -> Any:
+    """The SDK's client on the fake. Typed Any: these tests send what the SDK's request types refuse on purpose
+    (altered thinking blocks, a temperature through extra_body, bare dicts for its TypedDicts)."""
     return anthropic.Anthropic(api_key="k", base_url=fake.url, max_retries=0)
 
 
@@ -312,6 +317,7 @@ def test_anthropic_usage_split_by_cache_ttl_is_counted_as_cache_writes():
         model = make_chat_model("anthropic:claude-fake", base_url=fake.url, max_output_tokens=100)
         reply = invoke_model(model, with_breakpoints([SystemMessage("s" * 6000), HumanMessage("a")], 2), attempts=1)
     usage = usage_of(reply)
+    assert usage is not None
     reported = fake.usages[0]
     assert usage.cache_write_tokens == reported["cache_creation_input_tokens"] > 0
     assert usage.input_tokens == reported["input_tokens"] + usage.cache_write_tokens
@@ -370,12 +376,16 @@ def test_reasoning_settings_map_per_provider_and_contradictions_fail_before_any_
     table = load_model_table()
     env = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
     gpt = make_chat_model("openai:gpt-5.5", reasoning=ReasoningConfig("high"), max_output_tokens=1000, env=env)
+    assert isinstance(gpt, ChatOpenAI)
     assert gpt.reasoning_effort == "high" and gpt.max_tokens == 1000 and gpt.temperature is None
     opus = make_chat_model("anthropic:claude-opus-4-8", reasoning=ReasoningConfig("xhigh"), env=env)
+    assert isinstance(opus, ChatAnthropic)
     assert opus.thinking == {"type": "adaptive", "display": "summarized"} and opus.output_config == {"effort": "xhigh"}
     haiku = make_chat_model("anthropic:claude-haiku-4-5", reasoning=ReasoningConfig(thinking_budget=10_000),
                             env=env)
-    assert haiku.thinking == {"type": "enabled", "budget_tokens": 10_000} and haiku.max_tokens > 10_000
+    assert isinstance(haiku, ChatAnthropic)
+    assert haiku.thinking == {"type": "enabled", "budget_tokens": 10_000}
+    assert haiku.max_tokens is not None and haiku.max_tokens > 10_000
     for spec, kwargs, words in (
             ("openai:gpt-5.5", {"temperature": 0.3}, "refuses a temperature"),
             ("openai:gpt-5.5", {"reasoning": ReasoningConfig("ultra")}, "takes --reasoning-effort"),

@@ -48,7 +48,7 @@ class FakeServer:
     def url(self) -> str:
         assert self.httpd is not None
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     @property
     def hits(self) -> int:
@@ -158,7 +158,7 @@ def anthropic_reply(*, text: str | None = None, tool: tuple[str, str, dict] | No
 
 def error_reply(wire: str, status: int, message: str, headers: dict[str, str] | None = None) -> Reply:
     if wire == "openai":
-        body = {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+        body: dict[str, Any] = {"error": {"message": message, "type": "invalid_request_error", "code": None}}
     else:
         body = {"type": "error", "error": {"type": "api_error", "message": message}}
     return Reply(status, body, headers or {})
@@ -266,6 +266,7 @@ def test_openai_tool_calling_exchange_records_usage_and_cost(serve):
 
     usages = [usage_of(first), usage_of(final)]
     assert usages[0] == Usage(input_tokens=1200, output_tokens=80, cache_read_tokens=1000)
+    assert usages[0] is not None and usages[1] is not None
     total = usages[0] + usages[1]
     assert total == Usage(input_tokens=2600, output_tokens=110, cache_read_tokens=2200)
     # gpt-5.4: $2.50 input, $0.25 cached input, $15 output per million tokens.
@@ -305,7 +306,9 @@ def test_anthropic_tool_calling_exchange_records_usage_and_cost(serve):
     # LangChain folds cache reads and writes into input_tokens; Usage keeps them apart for pricing.
     assert usage_of(first) == Usage(input_tokens=1250, output_tokens=90, cache_read_tokens=1000,
                                     cache_write_tokens=200)
-    total = usage_of(first) + usage_of(final)
+    first_usage, final_usage = usage_of(first), usage_of(final)
+    assert first_usage is not None and final_usage is not None
+    total = first_usage + final_usage
     # claude-sonnet-5: $2 input, $0.20 cache read, $2.50 cache write, $10 output per million tokens.
     expected = (120 * 2.0 + 2200 * 0.2 + 200 * 2.5 + 115 * 10.0) / 1e6
     assert load_price_table().cost("anthropic:claude-sonnet-5", total) == pytest.approx(expected)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import agent.tool_calls
+import tools.dispatch
 from agent.cli import run as cli_run
 from agent.report import metrics
 from harness.common.paths import REPO_ROOT
@@ -89,7 +90,7 @@ class Killed(BaseException):
 
 def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monkeypatch):
     """In process and deterministic: the check tool saves its candidate, then the 'process dies'."""
-    real = agent.tool_calls.run_tool
+    real = tools.dispatch.run_tool  # what agent.tool_calls calls
 
     def dies_in_check(name, args, ctx):
         outcome = real(name, args, ctx)

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-import agent.executors.local
 import agent.scoring
+import harness.evaluate
 from agent.budgets import Budget
 from agent.cli import run as cli_run
 from agent.report.run_reader import read_run
@@ -82,6 +82,7 @@ def test_scheduler_hands_out_disjoint_gpu_groups():
 
     def work() -> None:
         with scheduler.lease() as lease:
+            assert lease.gpus is not None  # a CUDA scheduler's lease names its GPUs
             with lock:
                 if any(set(lease.gpus) & set(g) for g in held):
                     overlaps.append((lease.gpus, list(held)))
@@ -117,7 +118,7 @@ def test_concurrent_samples_never_evaluate_at_once_beyond_the_scheduler(tmp_path
         return wrapper
 
     # Every evaluation, the tools' and the final scoring's, runs through the local executor's harness call.
-    monkeypatch.setattr(agent.executors.local, "harness_evaluate", counted(agent.executors.local.harness_evaluate))
+    monkeypatch.setattr("agent.executors.local.harness_evaluate", counted(harness.evaluate.evaluate))
 
     def model():
         return scripted([("tool", "check", {"source": BROKEN}), ("tool", "submit", {"source": BROKEN})])
@@ -159,13 +160,13 @@ def _infra_result(path: Path) -> EvalResult:
 
 @pytest.mark.parametrize("failing", [2, 5])
 def test_scoring_infra_errors_are_retried_then_reported_apart(tmp_path, monkeypatch, failing):
-    real, calls = agent.executors.local.harness_evaluate, []
+    real, calls = harness.evaluate.evaluate, []
 
     def flaky(problem, path, **kwargs):
         calls.append(kwargs["config"].seed)
         return _infra_result(path) if len(calls) <= failing else real(problem, path, **kwargs)
 
-    monkeypatch.setattr(agent.executors.local, "harness_evaluate", flaky)
+    monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
     _, summary = run_samples(tmp_path, [scripted([("text", fenced(BROKEN))])], conditions=["zero-shot"])
     record = summary.records[0]
     assert len(set(calls)) == 1  # every attempt with the same (fresh) scoring seed
@@ -202,7 +203,8 @@ def test_pkb_run_replays_a_solution_directory_without_an_api_key(tmp_path):
         ("all_reduce", 0): "correct", ("all_reduce", 1): "output_mismatch", ("all_gather", 0): "compile_error"}
     for s in run.samples:
         assert s.record.condition == "replay" and s.record.stop_reason == "replayed" and s.record.turns == 0
-        assert s.result["verdict"] == s.record.verdict and s.candidates[0].path == "candidates/000.py"
+        assert s.result is not None and s.result["verdict"] == s.record.verdict
+        assert s.candidates[0].path == "candidates/000.py"
     assert got[("all_reduce", 0)].final_code == (CANDIDATES / "correct_all_gather_sum.py").read_text()
     assert "2 of 3" not in proc.stdout and "3 of 3 samples finished" in proc.stdout
 
@@ -303,7 +305,8 @@ def test_replay_and_a_scripted_agent_on_gpus(tmp_path):
     assert len(run.samples) == 2
     for s in run.samples:
         assert s.record.correct and s.record.speedup and s.record.gpu_s > 0, s.record
-        assert s.result["device"] == "cuda" and s.result["timings"]["candidate"]["clock"] == "cuda_events"
+        assert s.result is not None and s.result["device"] == "cuda"
+        assert s.result["timings"]["candidate"]["clock"] == "cuda_events"
 
     expert = (experts / "all_reduce__one_shot.py").read_text()
     script = tmp_path / "gpu.json"

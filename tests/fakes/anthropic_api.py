@@ -169,7 +169,7 @@ class AnthropicFake(FakeApi):
                 previous_uses = set()
                 expected = "assistant"
             else:
-                previous_uses = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+                previous_uses = {str(b["id"]) for b in blocks if b.get("type") == "tool_use" and "id" in b}
                 expected = "user"
 
     @staticmethod

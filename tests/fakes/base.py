@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 def fake_tokens(text: str) -> int:
@@ -62,13 +62,13 @@ class FakeApi:
     def url(self) -> str:
         assert self._httpd is not None
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     @property
     def rejected(self) -> list[Exchange]:
         return [e for e in self.exchanges if e.status >= 400]
 
-    def start(self) -> FakeApi:
+    def start(self) -> Self:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -112,7 +112,7 @@ class FakeApi:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> FakeApi:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -16,7 +16,8 @@ from harness.common.integrity import IntegrityConfig
 from harness.config import EvalConfig, IntegrityChecks, Limits, TimingConfig
 from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
-from tests.conftest import CANDIDATES, live_children, processes_mentioning
+from harness.records.results import EvalResult
+from tests.conftest import CANDIDATES, failure_of, live_children, processes_mentioning, timings_of
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def all_reduce():
     return get(load_suite(), "all_reduce")
 
 
-def run(problem, name: str, **limits) -> object:
+def run(problem, name: str, **limits) -> EvalResult:
     config = EvalConfig(trials=3, timing=TimingConfig.for_device("cpu"), limits=Limits(**limits))
     result = evaluate(problem, CANDIDATES / name, world_size=2, device="cpu", shape="small", config=config)
     assert live_children() == [], "an evaluation left a process behind"
@@ -35,13 +36,14 @@ def test_correct_alternative_is_correct_and_timed(all_reduce):
     r = run(all_reduce, "correct_all_gather_sum.py")
     assert r.verdict == "correct" and r.correct and r.failure is None
     assert r.timings is not None and r.speedup is not None and r.speedup > 0
-    assert r.timings.candidate.iterations == 10 and r.timings.candidate.clock == "host"
+    assert timings_of(r).candidate.iterations == 10 and timings_of(r).candidate.clock == "host"
     assert set(r.stages) >= {"compile", "launch", "load", "check", "timing"}
     assert r.max_abs_err is not None and r.max_abs_err < 0.05
     # It all-gathers inside solution(): correct, flagged, and never counted as fast.
     assert "uses_torch_collectives" in r.flags and not r.fast_eligible and r.counted_speedup is None
     assert all(c["calls"].get("all_gather", 0) > 0 for c in r.integrity["collectives"]["check"].values())
-    assert r.timings.candidate.fresh_iterations == 5 and r.timings.candidate.fresh_median_ms > 0
+    fresh = timings_of(r).candidate.fresh_median_ms
+    assert timings_of(r).candidate.fresh_iterations == 5 and fresh is not None and fresh > 0
 
 
 def test_integrity_checks_are_configured_in_eval_config(all_reduce):
@@ -49,9 +51,9 @@ def test_integrity_checks_are_configured_in_eval_config(all_reduce):
     and decides which checks run."""
     assert {f.name for f in fields(IntegrityConfig)} == set(IntegrityChecks.model_fields)
     with pytest.raises(pydantic.ValidationError):
-        IntegrityChecks(audti=False)  # a misspelt check is an error, not a silently ignored setting
+        IntegrityChecks.model_validate({"audti": False})  # a misspelt check is an error, not a silently ignored setting
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True,
-                        integrity=IntegrityChecks(precision_probe=False, stress_trials=0))
+                        integrity=IntegrityChecks.model_validate({"precision_probe": False, "stress_trials": 0}))
     r = evaluate(all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cpu", shape="small",
                  config=config)
     assert r.verdict == "correct"
@@ -66,7 +68,7 @@ def test_integrity_checks_are_configured_in_eval_config(all_reduce):
 def test_syntax_error_is_compile_error(all_reduce):
     r = run(all_reduce, "compile_error_syntax.py")
     assert r.verdict == "compile_error"
-    assert "line 4" in r.failure.message
+    assert "line 4" in failure_of(r).message
     assert "launch" not in r.stages  # no rank ever started
 
 
@@ -75,31 +77,32 @@ def test_syntax_error_is_compile_error(all_reduce):
 def test_api_errors(all_reduce, name):
     r = run(all_reduce, name)
     assert r.verdict == "api_error", r.failure
-    assert r.failure.phase == "load"
+    assert failure_of(r).phase == "load"
 
 
 def test_raise_on_rank1_is_runtime_error_naming_the_rank(all_reduce):
     r = run(all_reduce, "runtime_error_rank1.py")
     assert r.verdict == "runtime_error"
-    assert r.failure.rank == 1
-    assert "rank 1" in r.failure.message and "ValueError" in r.failure.message
-    assert "rank one lost its buffer" in r.failure.evidence
-    assert len(r.failure.evidence.splitlines()) <= 41  # trimmed
+    assert failure_of(r).rank == 1
+    assert "rank 1" in failure_of(r).message and "ValueError" in failure_of(r).message
+    assert "rank one lost its buffer" in failure_of(r).evidence
+    assert len(failure_of(r).evidence.splitlines()) <= 41  # trimmed
 
 
 def test_wrong_shape_is_shape_mismatch(all_reduce):
     r = run(all_reduce, "shape_mismatch.py")
     assert r.verdict == "shape_mismatch"
-    assert "shape" in r.failure.message
+    assert "shape" in failure_of(r).message
 
 
 def test_wrong_values_on_one_rank_is_output_mismatch(all_reduce):
     r = run(all_reduce, "output_mismatch_rank1.py")
     assert r.verdict == "output_mismatch"
-    assert r.failure.rank == 1
-    assert r.failure.max_abs_err is not None and r.failure.max_abs_err > 2.0
-    assert r.failure.max_rel_err is not None
-    assert "max abs err" in r.failure.message
+    assert failure_of(r).rank == 1
+    worst = failure_of(r).max_abs_err
+    assert worst is not None and worst > 2.0
+    assert failure_of(r).max_rel_err is not None
+    assert "max abs err" in failure_of(r).message
 
 
 def test_hang_on_one_rank_is_deadlock_and_nothing_survives(all_reduce, monkeypatch):
@@ -107,10 +110,10 @@ def test_hang_on_one_rank_is_deadlock_and_nothing_survives(all_reduce, monkeypat
     monkeypatch.setenv("PKB_TEST_CHILD_TOKEN", token)
     r = run(all_reduce, "deadlock_rank1.py", check_s=4)
     assert r.verdict == "deadlock"
-    assert r.failure.phase == "check"
-    assert "1" in r.failure.message
+    assert failure_of(r).phase == "check"
+    assert "1" in failure_of(r).message
     # Rank 0 waited in the all-reduce for rank 1: its stack says so, and the record keeps both stacks.
-    assert "waiting on another rank" in r.failure.message
+    assert "waiting on another rank" in failure_of(r).message
     assert set(r.integrity["stacks"]) == {"0", "1"} and "all_reduce" in r.integrity["stacks"]["0"]
     # The child process rank 1 started died with the evaluation.
     assert processes_mentioning(token) == []
@@ -120,13 +123,14 @@ def test_mutating_inputs_fails(all_reduce):
     r = run(all_reduce, "mutates_inputs.py")
     assert r.verdict == "output_mismatch"
     assert "mutates_inputs" in r.flags
-    assert r.failure.phase == "check" and r.failure.trial in range(3)  # an ordinary trial
+    assert failure_of(r).phase == "check" and failure_of(r).trial in range(3)  # an ordinary trial
 
 
 def test_stale_result_fails(all_reduce):
     r = run(all_reduce, "stale_output.py")
     assert r.verdict == "output_mismatch"
-    assert r.failure.call >= 1  # right on the first call, wrong from then on
+    call = failure_of(r).call
+    assert call is not None and call >= 1  # right on the first call, wrong from then on
     assert "stale_output" in r.flags
 
 
@@ -159,15 +163,15 @@ def test_cli_eval_reuses_the_reference_timing_unless_asked_for_a_fresh_one(tmp_p
 def test_one_rank_asleep_with_its_peers_in_a_barrier_is_deadlock_with_stacks(all_reduce):
     r = run(all_reduce, "sleeps_on_one_rank.py", check_s=5, grace_s=1)
     assert r.verdict == "deadlock", r.failure
-    assert "rank(s) 1 were waiting on another rank" in r.failure.message
+    assert "rank(s) 1 were waiting on another rank" in failure_of(r).message
     stacks = r.integrity["stacks"]
     assert "sleep" in stacks["0"] or "solution" in stacks["0"]
     assert "barrier" in stacks["1"]
-    assert "[rank 0]" in r.failure.evidence and "[rank 1]" in r.failure.evidence  # what the agent's tools show
+    assert "[rank 0]" in failure_of(r).evidence and "[rank 1]" in failure_of(r).evidence  # what the agent's tools show
 
 
 def test_every_rank_busy_for_long_is_timeout_not_deadlock(all_reduce):
     r = run(all_reduce, "computes_for_long.py", check_s=5, grace_s=1)
     assert r.verdict == "timeout", r.failure
-    assert "all busy in their own code" in r.failure.message
+    assert "all busy in their own code" in failure_of(r).message
     assert all("_grind" in r.integrity["stacks"][str(rank)] for rank in (0, 1))

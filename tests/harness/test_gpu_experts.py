@@ -13,7 +13,7 @@ from harness.common.paths import REPO_ROOT
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
-from tests.conftest import CANDIDATES, live_children
+from tests.conftest import CANDIDATES, live_children, timings_of
 
 ROOT = REPO_ROOT / "problems"
 EXPERTS = sorted(ROOT.glob("*/solutions/*.py"))
@@ -30,8 +30,8 @@ def test_expert_is_correct_and_timed_on_gpu(path):
     config = EvalConfig(trials=3, timing=TimingConfig(warmup=3, iters=10, host_iters=3))
     r = evaluate(problem_of(path), path, world_size=2, device="cuda", shape="small", config=config)
     assert r.verdict == "correct", r.failure
-    assert r.timings is not None and r.timings.candidate.clock == "cuda_events"
-    assert r.timings.candidate.median_ms > 0 and r.speedup is not None
+    assert r.timings is not None and timings_of(r).candidate.clock == "cuda_events"
+    assert timings_of(r).candidate.median_ms > 0 and r.speedup is not None
     assert live_children() == []
 
 

@@ -11,6 +11,7 @@ import json
 import re
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import ToolMessage
@@ -160,14 +161,14 @@ def test_submit_saves_final_and_ends_the_sample(all_reduce, tmp_path):
     assert "scored" in o.text and within(o.text, ctx.answer_tokens)
     # A resumed sample (fresh context, counter 0) never reuses a number already on disk.
     again = run_tool("compile", {"source": source(RIGHT)}, make_ctx(all_reduce, tmp_path))
-    assert again.candidate.name == "002.py" and not again.ends_sample
+    assert again.candidate is not None and again.candidate.name == "002.py" and not again.ends_sample
 
 
 def test_compile_of_plain_python_is_ok_and_fences_are_unwrapped(all_reduce, tmp_path):
     ctx = make_ctx(all_reduce, tmp_path)
     o = run_tool("compile", {"source": f"```python\n{source(RIGHT)}```"}, ctx)
     assert o.text.startswith("compile: OK") and o.data["ok"] and not o.data["native"]
-    assert o.candidate.read_text() == source(RIGHT)
+    assert o.candidate is not None and o.candidate.read_text() == source(RIGHT)
 
 
 def test_a_tiny_budget_still_bounds_long_evidence(all_reduce, tmp_path):
@@ -201,6 +202,7 @@ def test_a_tool_that_raises_on_a_candidate_charges_it_never_an_exception(all_red
     o = run_tool("check", {"source": source(RIGHT)}, ctx)
     assert o.data["verdict"] == "runtime_error" and "the judge choked on a file" in o.text
     assert "counts as the candidate's runtime_error" in o.text
+    assert o.candidate is not None
     record = json.loads(o.candidate.with_suffix(".json").read_text())  # the call is still on record
     assert record["data"]["verdict"] == "runtime_error"
 
@@ -246,7 +248,7 @@ def test_guide_lists_topics_and_returns_sections(all_reduce, tmp_path):
 # -- profile and roofline: the harness's profiler and roofline, replaced here by fakes -------------------
 
 def test_profile_calls_the_harness_profiler_and_bounds_its_text(all_reduce, tmp_path, monkeypatch):
-    seen = {}
+    seen: dict[str, Any] = {}
     fake = types.SimpleNamespace(ProfileError=ProfileError)
 
     def profile(problem, candidate_path, *, world_size, device, shape, **options):

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ WRONG = (CANDIDATES / "output_mismatch_rank1.py").read_text()
 RIGHT = (CANDIDATES / "correct_all_gather_sum.py").read_text()
 
 # (tool, source, what its record must say)
-SCRIPT = [
+SCRIPT: list[tuple[str, str | None, dict[str, Any]]] = [
     ("compile", BAD_BUILD, {"verdict": "compile_error"}),
     ("check", BAD_BUILD, {"verdict": "compile_error"}),
     ("check", WRONG, {"verdict": "output_mismatch"}),

@@ -70,7 +70,8 @@ def test_every_option_has_a_help_line_with_its_default() -> None:
 
 
 def test_eval_help_says_what_world_size_trials_seed_and_device_are() -> None:
-    text = build_parser()._subparsers._group_actions[0].choices["eval"].format_help()  # type: ignore[union-attr]
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = commands.choices["eval"].format_help()
     for option, default in (("--world-size", "2"), ("--trials", "5"), ("--seed", "0"), ("--device", "cpu")):
         block = text[text.index(f"\n  {option} "):]  # its line under "options:", not the usage line
         entry = " ".join(block.split("\n  --")[1].split())

@@ -11,7 +11,8 @@ from agent.cli import main
 from harness.launch.sandbox import OFF_REASON_VAR, policy
 from tests.conftest import CANDIDATES, TESTS
 
-MISSING = ("", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap", frozenset())
+MISSING: tuple[str, str, frozenset[str]] = ("", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap",
+                                             frozenset())
 
 
 @pytest.fixture

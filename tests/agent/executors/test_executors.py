@@ -50,7 +50,7 @@ from harness.problems.problem import MalformedProblem, load_problem
 from harness.problems.registry import get, load_suite
 from harness.records.results import EvalResult
 from tests.agent_support import CORRECT, eval_config, fenced, scripted
-from tests.conftest import CANDIDATES, live_children, pid_alive
+from tests.conftest import CANDIDATES, failure_of, live_children, pid_alive, timings_of
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'pkb-agent[ray]'); "
@@ -204,7 +204,7 @@ def test_local_executor_is_the_harness_inside_a_scheduler_lease(all_reduce):
 
 def test_local_device_calls_run_inside_a_lease(all_reduce, tmp_path):
     scheduler = CountingScheduler()
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def profile(problem, candidate, *, world_size, gpus="the caller's"):
         seen.update(problem=problem.name, source=candidate.read_text(), world_size=world_size, gpus=gpus,
@@ -227,10 +227,10 @@ def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_r
                       log_dir=str(tmp_path / "logs"))
     before = set(Path(tempfile.gettempdir()).glob("pkb-candidate-*"))
     result = LocalExecutor().evaluate(req)
-    assert result.verdict == "runtime_error" and result.failure.rank == 1
+    assert result.verdict == "runtime_error" and failure_of(result).rank == 1
     assert result.candidate.path == absent
     assert result.candidate.sha256 == hashlib.sha256(original.read_bytes()).hexdigest()
-    assert f'File "{absent}"' in result.failure.evidence and "pkb-candidate-" not in result.failure.evidence
+    assert f'File "{absent}"' in failure_of(result).evidence and "pkb-candidate-" not in failure_of(result).evidence
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["rank0.log", "rank1.log"]
     assert set(Path(tempfile.gettempdir()).glob("pkb-candidate-*")) == before  # the temporary copy is gone
 
@@ -241,8 +241,8 @@ def test_a_harness_failure_is_an_infra_error_not_an_exception(tmp_path):
                       candidate_name=str(tmp_path / "c.py"), world_size=2)
     result = LocalExecutor().evaluate(req)
     assert result.verdict == "infra_error" and not result.correct
-    assert result.problem == "vanished" and result.failure.phase == "executor"
-    assert "vanished.py" in result.failure.message
+    assert result.problem == "vanished" and failure_of(result).phase == "executor"
+    assert "vanished.py" in failure_of(result).message
     assert result.candidate.sha256 == hashlib.sha256(b"def solution(x): ...\n").hexdigest()
 
 
@@ -371,7 +371,7 @@ def test_ray_on_gpus_gives_the_local_verdict(all_reduce):
     local = LocalExecutor(DeviceScheduler("cuda", 2)).evaluate(req)
     assert deterministic(remote) == deterministic(local)
     assert remote.verdict == "correct" and remote.timings is not None
-    assert remote.timings.candidate.clock == "cuda_events"
+    assert timings_of(remote).candidate.clock == "cuda_events"
 
 
 @pytest.fixture(scope="module")
@@ -486,7 +486,7 @@ def test_retries_that_run_out_give_an_infra_error(cluster, all_reduce, tmp_path)
     result = executor.evaluate(request(all_reduce, killer))
     executor.close()
     assert result.verdict == "infra_error" and not result.correct
-    assert result.failure.phase == "executor" and "failed 2 time(s)" in result.failure.message
+    assert failure_of(result).phase == "executor" and "failed 2 time(s)" in failure_of(result).message
     assert result.candidate.path == str(killer)
     workers = (marker / "attempts").read_text().split()
     assert len(workers) == len(set(workers)) == 2  # the first run and one retry, each in its own Ray worker

@@ -189,6 +189,7 @@ def test_extreme_variants_of_every_cuda_expert_compile(tmp_path) -> None:
         for i, variant in enumerate([kernel.source, *_extremes(kernel.source)]):
             tree = ast.parse(variant)
             cuda = next((n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                         and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
                          and getattr(n.targets[0], "id", "") == "SOURCE"), None)
             if cuda is None:
                 continue  # copy-engine experts: no kernel of their own

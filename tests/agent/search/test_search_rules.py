@@ -162,7 +162,7 @@ def test_allocation_warms_up_then_follows_the_gap() -> None:
     assert budget.choose_problem(active, {"a": 2, "b": 1}, {}, warmup=2) == "b"
     gaps = {"a": 0.9, "b": 0.1, "c": 0.9}
     counts = {"a": 2, "b": 2, "c": 2}
-    picks = Counter()
+    picks: Counter[str] = Counter()
     for _ in range(200):
         p = budget.choose_problem(active, counts, gaps, warmup=2)
         counts[p] += 1

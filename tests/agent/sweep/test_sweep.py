@@ -166,12 +166,12 @@ def test_a_sweep_killed_midway_resumes_every_cell_once_and_reports_the_known_del
         ("b/agent:compile", "b/zero-shot"): ("condition", 0.0, 0, 0, 2, 1.0),
     }
     assert set(got) == set(expected)
-    for pair, (factor, delta, wins, losses, ties, p) in expected.items():
+    for pair, (factor, delta, wins, losses, ties, p_value) in expected.items():
         c = got[pair]
         pk = c["metrics"]["pass_at_k"]
         assert (c["factor"], c["confounded"]) == (factor, []), pair
         assert (pk["mean"], pk["wins"], pk["losses"], pk["ties"]) == (pytest.approx(delta), wins, losses, ties), pair
-        assert pk["p_value"] == pytest.approx(p) and pk["p_holm"] >= pk["p_value"], pair
+        assert pk["p_value"] == pytest.approx(p_value) and pk["p_holm"] >= pk["p_value"], pair
         assert c["metrics"]["fast_1_at_k"]["mean"] == pytest.approx(delta) or delta > 0, pair
     assert data["k"] == 2 and all(a["samples"]["finished"] == 4 for a in data["arms"])
 

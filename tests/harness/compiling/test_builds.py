@@ -114,7 +114,12 @@ def test_a_build_is_made_once_exactly_as_the_first_call_would(monkeypatch):
     outcome = builds.trigger(call)
     assert outcome.ok is True and seen == [(("pkb_fixture_scaled_copy", module.CPP_SRC, ["scaled_copy"]), {})]
     made: list[str] = []
-    monkeypatch.setattr(builds, "trigger", lambda c: made.append(c.function) or outcome)
+
+    def trigger(c: builds.BuildCall) -> builds.BuildOutcome:
+        made.append(c.function)
+        return outcome
+
+    monkeypatch.setattr(builds, "trigger", trigger)
     outcomes, missed = builds.build_ahead(module, source)
     assert made == ["_get_ext"] and missed == [] and outcomes[0].as_dict()["name"] == "pkb_fixture_scaled_copy"
 

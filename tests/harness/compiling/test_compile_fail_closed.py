@@ -38,7 +38,8 @@ def _write(folder: Path, name: str, text: str) -> Path:
 
 def test_the_result_line_is_parsed_strictly():
     good = RESULT_MARKER + '{"status": "ok", "builds": [], "import": "ok"}'
-    assert parse_report(f"built x\n{good}\n\n")["status"] == "ok"
+    report = parse_report(f"built x\n{good}\n\n")
+    assert report is not None and report["status"] == "ok"
     for text in ("", "built x", f"{good}\nprinted after the result", RESULT_MARKER + '{"status": "ok"}',
                  RESULT_MARKER + '{"status": "fine", "builds": []}', RESULT_MARKER + '{"status": "ok", "builds": [1]}',
                  RESULT_MARKER + '{"status": "ok", "status": "ok", "builds": []}',

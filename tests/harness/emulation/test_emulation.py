@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -119,7 +120,7 @@ def test_every_public_function_of_the_module_is_emulated_or_refused(emulated):
         assert (name in emulated_names or name in installer.PURE_HELPERS
                 or getattr(value, "__pkb_emulation_refusal__", False)), name
     with pytest.raises(NotAvailableInEmulation):
-        symm_mem.get_mem_pool("cuda:0")
+        symm_mem.get_mem_pool(torch.device("cuda:0"))
     with pytest.raises(NotAvailableInEmulation):
         symm_mem.set_backend("NVSHMEM")
     symm_mem.set_backend("CUDA")
@@ -128,16 +129,17 @@ def test_every_public_function_of_the_module_is_emulated_or_refused(emulated):
 
 
 def test_low_level_class_answers_no_multicast(emulated):
+    from torch._C._autograd import DeviceType
     from torch._C._distributed_c10d import _SymmetricMemory
 
-    assert _SymmetricMemory.has_multicast_support() is False
+    assert _SymmetricMemory.has_multicast_support(DeviceType.CUDA, 0) is False
 
 
 def test_empty_needs_a_cuda_device(emulated):
     import torch.distributed._symmetric_memory as symm_mem
 
     with pytest.raises(RuntimeError, match="CUDA device") as info:
-        symm_mem.empty(16, dtype=torch.uint8, device="cpu")
+        symm_mem.empty(16, dtype=torch.uint8, device=torch.device("cpu"))
     assert not isinstance(info.value, NotAvailableInEmulation)  # the candidate's mistake, charged
 
 
@@ -254,7 +256,7 @@ def _record(rank: int, data_bytes: int = 4096, pad: int = 2048) -> rendezvous.Pe
 
 
 def test_exchange_gives_every_rank_every_record_in_rank_order():
-    store = dist.HashStore()
+    store = dist.HashStore()  # type: ignore[attr-defined]  # torch exports it without declaring it
     world = 3
     seen: dict[int, list[rendezvous.PeerRecord]] = {}
 
@@ -318,7 +320,7 @@ def test_selftest_outcomes():
     assert selftest.outcome({"kind": "exploit"}, [ok, ok]).startswith("NOT CAUGHT")
     assert selftest.outcome({"kind": "expert"}, [ok, refused]).startswith("refused")
     assert selftest.outcome({"kind": "expert"}, [ok, None]).startswith("incomplete")
-    result = {"timed_out": False, "cases": [{"kind": "expert", "outcome": "correct"},
+    result: dict[str, Any] = {"timed_out": False, "cases": [{"kind": "expert", "outcome": "correct"},
                                             {"kind": "exploit", "outcome": "misbehaved in 1 of 4 rank-trials"}]}
     assert selftest.passed(result)
     result["cases"].append({"kind": "exploit", "outcome": "NOT CAUGHT (always right)"})

@@ -11,7 +11,7 @@ import pytest
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
 from harness.problems.registry import load_problem_spec
-from tests.conftest import live_children
+from tests.conftest import failure_of, live_children
 
 # The reference sleeps `first` seconds on its first call in a process, `later` on every later one.
 PROBLEM = textwrap.dedent('''
@@ -67,8 +67,8 @@ def test_a_reference_that_hangs_after_its_first_call_is_cut_off_by_the_derived_l
     problem, path = _problem(tmp_path, 0.5, 3600.0)
     config = EvalConfig(trials=2, skip_timing=True, timing=TimingConfig.for_device("cpu"), limits=LIMITS)
     result = evaluate(problem, path, world_size=2, device="cpu", shape="small", config=config)
-    assert result.verdict == "infra_error" and result.failure.phase == "reference"
-    assert "derived from the reference's measured cost" in result.failure.message
+    assert result.verdict == "infra_error" and failure_of(result).phase == "reference"
+    assert "derived from the reference's measured cost" in failure_of(result).message
     assert result.integrity["reference_cost"]["trials_limit_s"] < 120  # not the 900 s ceiling
     assert result.stages.get("reference", 0.0) < 300
     assert live_children() == []
@@ -81,5 +81,5 @@ def test_a_first_call_that_never_ends_meets_the_call_limit(tmp_path):
     config = EvalConfig(trials=2, skip_timing=True, timing=TimingConfig.for_device("cpu"), limits=limits)
     result = evaluate(problem, path, world_size=2, device="cpu", shape="small", config=config)
     assert result.verdict == "infra_error"
-    assert "Limits.reference_call_s" in result.failure.message
+    assert "Limits.reference_call_s" in failure_of(result).message
     assert live_children() == []

@@ -58,10 +58,10 @@ class FakePool:
     last_span_s = 0.004
 
     def __init__(self) -> None:
-        self.sent: list[dict[int, dict[str, Any]] | dict[str, Any]] = []
+        self.sent: list[Any] = []
 
 
-def ask(pool: FakePool, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
+def ask(pool: Any, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
     pool.sent.append(message)
     op = message[0]["op"] if 0 in message else message["op"]
     if op == "time_prepare":
@@ -73,7 +73,7 @@ def ask(pool: FakePool, message: Any, phase: str, timeout: float) -> list[dict[s
 
 
 def test_drive_sends_every_call_after_its_prepare_and_says_it_is_judged_only_afterwards(tmp_path: Path):
-    pool = FakePool()
+    pool: Any = FakePool()  # drive reads world_size and last_span_s of a RankPool, nothing else
     plan = Plan([Iteration("warmup", "warmup", CALL_TRIAL_BASE, False),
                  Iteration("timed", "timed", CALL_TRIAL_BASE + 1, True),
                  Iteration("timed", "timed", CALL_TRIAL_BASE + 2, False)])
@@ -99,7 +99,7 @@ def test_drive_sends_every_call_after_its_prepare_and_says_it_is_judged_only_aft
 
 
 def test_drive_on_cpu_leaves_the_spin_at_zero(tmp_path: Path):
-    pool = FakePool()
+    pool: Any = FakePool()  # drive reads world_size and last_span_s of a RankPool, nothing else
     plan = make_plan(CONFIG, n_fresh=0, judged=0, probes=0, rng=random.Random(1))
     run = drive(pool, ask, plan, n_sets=2, recipes=recipes_for(0), config=CONFIG, cuda=False, keep_dir=tmp_path,
                 call_timeout=10.0, deadline=math.inf, on_kept=lambda k: None)
@@ -112,7 +112,7 @@ def test_a_plan_without_refill_has_no_probes_and_sends_no_recipes(tmp_path: Path
                                                                            if it.kind == "probe")
     bare = plan.without_refill()
     assert not bare.refill and not any(it.kind == "probe" for it in bare.iterations)
-    pool = FakePool()
+    pool: Any = FakePool()  # drive reads world_size and last_span_s of a RankPool, nothing else
     drive(pool, ask, bare, n_sets=2, recipes=recipes_for(0), config=CONFIG, cuda=False, keep_dir=tmp_path,
           call_timeout=10.0, deadline=math.inf, on_kept=lambda k: None)
     assert all(m[r]["fill"] is None for m in pool.sent if 0 in m and m[0]["op"] == "time_prepare" for r in (0, 1))

@@ -27,7 +27,7 @@ from harness.evaluate import EXCHANGE_DIRS, evaluate
 from harness.launch.pool import SCRATCH_DIRS
 from harness.problems.registry import get, load_suite
 from harness.records.results import EvalResult
-from tests.conftest import CANDIDATES, TESTS, live_children
+from tests.conftest import CANDIDATES, TESTS, failure_of, live_children
 
 HONEST = CANDIDATES / "correct_all_gather_sum.py"
 EXPLOITS = TESTS / "exploits"
@@ -164,7 +164,7 @@ def test_plants_at_every_path_are_refused(kind, touched, tmp_path):
 
         hostile_files.observer = plant
         try:
-            result: EvalResult = _bounded(lambda c=candidate, p=pat: evaluate(  # type: ignore[misc]
+            result: EvalResult = _bounded(lambda c=candidate, p=pat: evaluate(
                 get(suite, "all_reduce"), c, world_size=2, device="cpu", shape="small",
                 config=_config(skip_timing=p.startswith("calls/"))))
         finally:
@@ -176,11 +176,11 @@ def test_plants_at_every_path_are_refused(kind, touched, tmp_path):
         if _outside_state(outside) != before:
             failures.append(f"{label}: a file outside the scratch changed")
         if result.verdict == "infra_error":
-            failures.append(f"{label}: infra_error ({result.failure.message if result.failure else ''})")
+            failures.append(f"{label}: infra_error ({failure_of(result).message if result.failure else ''})")
         # Removing a name never touches what it names: a plant there is harmless. Anywhere else the
         # harness met the planted object, and that is the candidate's failure.
         if op != "unlink" and result.correct:
             failures.append(f"{label}: judged correct")
-        print(f"{label}: {result.verdict} ({result.failure.message[:120] if result.failure else ''})", flush=True)
+        print(f"{label}: {result.verdict} ({failure_of(result).message[:120] if result.failure else ''})", flush=True)
         assert live_children() == [], f"{label}: a process was left behind"
     assert failures == [], "\n".join(failures)

@@ -37,7 +37,7 @@ from harness.problems.problem import load_problem
 from harness.problems.registry import get, load_suite
 from harness.rank.tripwires import Guard
 from harness.validate import validate_problems
-from tests.conftest import TESTS, live_children, pid_alive, processes_mentioning
+from tests.conftest import TESTS, failure_of, live_children, pid_alive, processes_mentioning
 
 EXPLOITS = TESTS / "exploits"
 
@@ -232,6 +232,7 @@ def test_a_sandboxed_rank_sees_only_its_sandbox(all_reduce, tmp_path):
         pool = RankPool(2, "cpu", role="candidate", visible=(staged.parent,)).start()
         try:
             _load(pool, all_reduce, staged)
+            assert pool.scratch is not None
             seen = __import__("json").loads((pool.scratch / "seen.json").read_text())
         finally:
             pool.kill()
@@ -333,7 +334,7 @@ def test_after_a_hang_and_a_crash_the_next_evaluation_works(all_reduce, tmp_path
     hang = evaluate(all_reduce, EXPLOITS / "hang_forever.py", world_size=2, config=config)
     assert hang.verdict == "timeout"
     crash = evaluate(all_reduce, EXPLOITS / "segfault_rank1.py", world_size=2, config=config)
-    assert crash.verdict == "runtime_error" and crash.failure.rank == 1
+    assert crash.verdict == "runtime_error" and failure_of(crash).rank == 1
     good = evaluate(all_reduce, EXPLOITS / "nccl_all_reduce.py", world_size=2,
                     config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")))
     assert good.verdict == "correct" and good.timings is not None
@@ -661,8 +662,8 @@ def test_memory_over_the_limit_is_caught_by_the_watchdog_without_a_cgroup(all_re
     result = evaluate(all_reduce, EXPLOITS / "memory_hog.py", world_size=2,
                       config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
                       integrity_config={"rank_memory_bytes": 1 << 30})
-    assert result.verdict == "runtime_error" and result.failure.phase == "check", result.failure
-    assert "rank_memory_bytes" in result.failure.message and "over its limit" in result.failure.message
+    assert result.verdict == "runtime_error" and failure_of(result).phase == "check", result.failure
+    assert "rank_memory_bytes" in failure_of(result).message and "over its limit" in failure_of(result).message
     assert result.integrity["sandbox"]["memory"] == {"backend": "watchdog"}
     assert live_children() == []
 
@@ -688,8 +689,8 @@ def test_a_compile_stage_over_its_memory_limit_is_the_candidate_s_failure(all_re
     result = evaluate(all_reduce, candidate, world_size=2,
                       config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
                       integrity_config={"rank_memory_bytes": 1 << 30})
-    assert result.verdict == "runtime_error" and result.failure.phase == "compile", result.failure
-    assert "rank_memory_bytes" in result.failure.message
+    assert result.verdict == "runtime_error" and failure_of(result).phase == "compile", result.failure
+    assert "rank_memory_bytes" in failure_of(result).message
     assert live_children() == []
 
 
@@ -756,6 +757,7 @@ def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_o
         print(group.path, flush=True)
         time.sleep(600)
     """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert maker.stdout is not None
     orphan = Path(maker.stdout.readline().strip())
     inside = subprocess.Popen(MemoryCgroup(orphan, 1).join_command(["sleep", "600"]))
     mine = MemoryCgroup.create("pkb-test-live", 1 << 30)

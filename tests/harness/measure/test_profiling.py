@@ -274,7 +274,7 @@ def test_collect_says_why_nothing_was_collected(monkeypatch):
     assert cpu.status == "not_collected" and not cpu.runs
     assert set(cpu.missing) == {m for _, ms in nsight.resolve_sets(None) for m in ms}
     assert all("--device cuda" in why for why in cpu.missing.values())
-    monkeypatch.setattr(nsight.shutil, "which", lambda name: None)
+    monkeypatch.setattr("harness.measure.ncu.shutil.which", lambda name: None)
     none = nsight.collect(problem, None, world_size=2, device="cuda", shape="small")
     assert all(why == "ncu is not on PATH" for why in none.missing.values())
     lines = ncu_lines(none)

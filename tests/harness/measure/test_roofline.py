@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,7 @@ def test_declared_traffic_wins_key_by_key():
 def test_fractions_and_the_impossible_flag():
     ranks = [traced(394_000_000, 394_000_000, 0, 0)] * 2  # bound 1 ms
     r = build_roofline("p", "s", 2, "cuda", ranks, None, DESIGN, reference=stats(1.25), candidate=stats(0.5))
+    assert r.reference is not None and r.candidate is not None
     assert r.reference.fraction == pytest.approx(0.8) and not r.reference.impossible
     assert r.candidate.fraction == pytest.approx(2.0) and r.candidate.impossible
     assert r.impossible and r.flags == ["candidate_below_roofline"]
@@ -232,8 +234,9 @@ HAND = [
 def test_declared_traffic_matches_hand_computation(name, shape, world_size, want):
     problem = get(SUITE, name)
     dims = problem.shape(shape) if isinstance(shape, str) else shape
-    got = declared_traffic(SimpleNamespace(name=name, traffic=problem.traffic, shape=lambda _: dims), "x",
-                           world_size)
+    stand_in: Any = SimpleNamespace(name=name, traffic=problem.traffic, shape=lambda _: dims)  # a Problem's fields
+    got = declared_traffic(stand_in, "x", world_size)
+    assert got is not None
     checks = {r: want for r in range(world_size)} if not all(isinstance(k, int) for k in want) else want
     for rank, expected in checks.items():
         assert got[rank] == pytest.approx(expected), (rank, got[rank])
@@ -251,7 +254,7 @@ def test_every_declared_traffic_runs_at_every_shape_and_world_size():
         for shape in ("small", "default"):
             for w in p.world_sizes:
                 entries = declared_traffic(p, shape, w)
-                assert len(entries) == w and all(entries), (p.name, shape, w)
+                assert entries is not None and len(entries) == w and all(entries), (p.name, shape, w)
 
 
 # -- end to end under gloo ----------------------------------------------------------------------------------
@@ -376,4 +379,4 @@ def test_gpu_roofline_of_nccl_all_reduce_is_plausible():
         ref = time_reference(pool, problem, "default", "cuda")
         r = roofline(problem, "default", 2, "cuda", reference_result=ref, pool=pool)
     assert r.binding == "interconnect" and r.send_bytes == 4096 * 8192 * 2
-    assert 0.2 < r.reference.fraction <= 1.1 and not r.impossible
+    assert r.reference is not None and 0.2 < r.reference.fraction <= 1.1 and not r.impossible

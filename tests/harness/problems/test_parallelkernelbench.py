@@ -170,7 +170,9 @@ def test_solution_set_is_scored_end_to_end_on_cpu(problems, tmp_path: Path):
     assert sorted(solutions) == [1, 2, 3]
     config = EvalConfig(trials=3, timing=TimingConfig.for_device("cpu"))
     for p in problems:
-        (path,) = solutions[checkout.problem_id(p)]
+        pid = checkout.problem_id(p)
+        assert pid is not None
+        (path,) = solutions[pid]
         result = evaluate(p, path, world_size=2, device="cpu", shape="small", config=config)
         assert result.verdict == "correct", (p.name, result.failure)
         assert result.origin == "pkb" and result.speedup is not None and result.speedup > 0

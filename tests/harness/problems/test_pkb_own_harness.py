@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,10 +218,10 @@ def test_real_pkb_scripts_on_cpu_fail_in_the_reference_job() -> None:
 # -- the rules ---------------------------------------------------------------------------------------
 def ours(verdict: str = "correct", flags: tuple[str, ...] = (), speedup: float | None = None,
          message: str = "", fast_eligible: bool = True) -> EvalResult:
-    failure = None if verdict == "correct" else Failure(verdict=verdict, message=message or verdict,  # type: ignore[arg-type]
+    failure = None if verdict == "correct" else Failure(verdict=verdict, message=message or verdict,
                                                         phase="check")
     return EvalResult(problem="1_allreduce", category="collective", shape="default", world_size=2, device="cuda",
-                      candidate=CandidateInfo(path="x.py", sha256="0"), verdict=verdict,  # type: ignore[arg-type]
+                      candidate=CandidateInfo(path="x.py", sha256="0"), verdict=verdict,
                       correct=verdict == "correct", failure=failure, speedup=speedup, flags=list(flags),
                       fast_eligible=fast_eligible, seed=0, trials=5)
 
@@ -366,7 +367,8 @@ def test_side_by_side_report_counts_agreement_and_names_rules() -> None:
         o["wall_s"], p["wall_s"] = 10.0, 20.0
         rows.append({"group": "openai_gpt-5.5", "file": name, "problem": "1_allreduce", "ours": o, "pkb": p,
                      "comparison": pkb_rules.compare(o, p).as_dict()})
-    doc = {"date": "2026-12-01", "machine": "test", "command": "python benchmarks/pkb_side_by_side.py", "world_size": 2,
+    doc: dict[str, Any] = {
+           "date": "2026-12-01", "machine": "test", "command": "python benchmarks/pkb_side_by_side.py", "world_size": 2,
            "shape": "default", "trials": 5, "pkb_trials": 5, "timeout_s": 900.0, "harness": "both", "rows": rows,
            "skipped": [{"group": "openai_gpt-5.5", "file": "1_allreduce_cuda.py", "reason": "uses NVLink multicast"}],
            "spread": [{"group": "openai_gpt-5.5", "file": "a_cuda.py", "problem": "1_allreduce",

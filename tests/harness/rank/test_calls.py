@@ -4,6 +4,7 @@ makes one rank late."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ def test_leaves_walk_containers_in_a_fixed_order():
 
 
 def test_a_clone_can_be_modified_without_touching_the_original():
-    original = {"x": torch.arange(3.0), "rest": [torch.ones(2), 5]}
+    original: dict[str, Any] = {"x": torch.arange(3.0), "rest": [torch.ones(2), 5]}
     copy = clone_tree(original)
     copy["x"].add_(1)
     copy["rest"][0].zero_()

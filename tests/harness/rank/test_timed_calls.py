@@ -9,6 +9,7 @@ import ctypes
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ def test_a_rank_draws_its_own_inputs_from_its_recipe_and_the_reference_draws_the
     # seed is this rank's only, and the run's seed is in none of them.
     peer = seeds.fill_recipe(7, 1234, 1)
     assert peer["shared"] == recipe["shared"] and peer["private"] != recipe["private"]
-    assert peer["private"] != recipe["private"] + 1 and 7 not in recipe.values()
+    assert recipe["private"] is not None and peer["private"] != recipe["private"] + 1 and 7 not in recipe.values()
 
 
 def test_the_split_generator_reports_the_trial_seed_but_draws_from_the_private_one():
@@ -74,7 +75,9 @@ def test_refill_keeps_the_buffers_and_changes_their_contents(all_reduce):
 
 def test_refill_hands_over_the_draw_where_the_structure_differs():
     buffers = (torch.zeros(3), 4)
-    for fresh in ((torch.ones(5), 4), (torch.ones(3), 5), (torch.ones(3, dtype=torch.float64), 4), [torch.ones(3), 4]):
+    draws: list[Any] = [(torch.ones(5), 4), (torch.ones(3), 5), (torch.ones(3, dtype=torch.float64), 4),
+                        [torch.ones(3), 4]]
+    for fresh in draws:
         args, in_place = refill.refill(buffers, fresh)
         assert args is fresh and not in_place
     assert torch.equal(buffers[0], torch.zeros(3))  # a mismatch leaves the buffers untouched
@@ -237,7 +240,8 @@ def one_rank_group():
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        store = dist.HashStore()  # type: ignore[attr-defined]  # torch exports it without declaring it
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

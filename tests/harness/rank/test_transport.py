@@ -19,7 +19,7 @@ from harness.common.compare import compare_outputs, structure_issue
 from harness.rank import transport
 
 
-def _tree() -> object:
+def _tree() -> dict[Any, Any]:
     gen = torch.Generator().manual_seed(0)
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2, 3], [1, 0, 2]]), torch.randn(3, generator=gen), (4, 3))
     return {"loss": torch.randn((), generator=gen), "parts": [torch.randn(3, 2, generator=gen).bfloat16(),
@@ -33,7 +33,7 @@ def test_every_structure_round_trips(tmp_path):
     path = tmp_path / "out.bin"
     transport.write_tree(path, value)
     back = transport.read_tree(path, 1 << 30)
-    assert set(back) == set(value)
+    assert isinstance(back, dict) and set(back) == set(value)
     assert back["parts"][0].dtype == torch.bfloat16 and torch.equal(back["parts"][0], value["parts"][0])
     assert isinstance(back["parts"], list) and isinstance(back["parts"][1], tuple)
     assert back[7].layout == torch.sparse_coo and torch.equal(back[7].to_dense(), value[7].to_dense())

@@ -28,15 +28,13 @@ def monitor(monkeypatch: pytest.MonkeyPatch) -> Iterator[CollectiveMonitor]:
     yield m
 
 
-def test_collectives_count_only_inside_a_watched_call(monitor: CollectiveMonitor, monkeypatch: pytest.MonkeyPatch):
+def test_collectives_count_only_inside_a_watched_call(monitor: CollectiveMonitor):
     calls = []
-    original = dist.all_reduce.__wrapped__  # the monitor keeps what it wrapped
-    monkeypatch.setattr(dist.all_reduce, "__wrapped__", original)
     assert getattr(dist.all_reduce, "__pkb_monitor__", False)
 
     def solution() -> None:
         try:
-            dist.all_reduce(None)  # type: ignore[arg-type]  # no process group here: the call itself fails
+            dist.all_reduce(None)  # no process group here: the call itself fails
         except Exception:
             calls.append("tried")
 
