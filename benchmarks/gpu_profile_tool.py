@@ -119,6 +119,9 @@ def main() -> int:
     parser.add_argument("--ranks-per-gpu", default="auto", help="auto: W on one GPU when there are fewer GPUs than W")
     parser.add_argument("--shape", default="default")
     parser.add_argument("--dry-run", action="store_true", help="CPU: the tool on a PyTorch-only candidate, no Nsight")
+    parser.add_argument("--expert", action="append", default=[], metavar="PROBLEM=FILE",
+                        help="profile this expert instead of EXPERTS (repeatable), e.g. "
+                             "all_reduce=problems/collective/solutions/all_reduce__two_shot.py")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -129,7 +132,8 @@ def main() -> int:
     else:
         import torch
 
-        device, shape, jobs = "cuda", args.shape, EXPERTS
+        device, shape = "cuda", args.shape
+        jobs = [tuple(e.split("=", 1)) for e in args.expert] or EXPERTS
         visible = torch.cuda.device_count()
         rpg = (args.world_size if visible < args.world_size else 1) if args.ranks_per_gpu == "auto" \
             else int(args.ranks_per_gpu)
