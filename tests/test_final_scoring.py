@@ -19,6 +19,7 @@ from agent.scheduler import DeviceScheduler
 from harness.parallelkernelbench import checkout
 from harness.problem import MalformedProblem, load_problem
 from harness.registry import discover, get, load_suite
+from harness.sandbox import SandboxInfo, probe
 from tests.agent_support import CORRECT, eval_config, fenced, run_samples, scripted
 from tests.conftest import CANDIDATES
 
@@ -27,6 +28,9 @@ WRONG = (CANDIDATES / "output_mismatch_rank1.py").read_text()
 # kernel fitted to the shape the tools used fails on another size.
 FITTED = CORRECT.replace("def solution(x):\n", "def solution(x):\n    if x.shape[0] != 8:\n        return x.clone()\n")
 PKB_CHECKOUT = Path(__file__).parent / "fixtures" / "pkb_checkout"
+# The bash condition's shell runs only in the bubblewrap sandbox (tools/bash.py refuses to run without it).
+needs_sandbox = pytest.mark.skipif(probe().backend != "bwrap",
+                                   reason=f"the bash condition needs the sandbox; there is none here: {probe().reason}")
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------
@@ -146,6 +150,19 @@ def test_best_candidate_trajectory_report_and_rescore(tmp_path: Path) -> None:
 BASH_SOLUTION = "cat > solution.py <<'EOF'\n" + CORRECT + "EOF"
 
 
+def test_the_shell_refuses_to_run_without_the_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tools import bash
+    from tools.base import ToolInputError
+
+    monkeypatch.setattr(bash, "probe", lambda: SandboxInfo("none", reason="bubblewrap is not installed (test)"))
+    ran: list[object] = []
+    monkeypatch.setattr(bash.subprocess, "Popen", lambda *a, **k: ran.append(a))
+    with pytest.raises(ToolInputError, match="needs the bubblewrap sandbox.*not installed"):
+        bash.run_shell(None, "touch /tmp/escaped", 5.0)  # type: ignore[arg-type]  # refused before the context is read
+    assert not ran
+
+
+@needs_sandbox
 @pytest.mark.slow
 def test_bash_condition_writes_checks_and_is_scored_by_its_file(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[1]
@@ -171,6 +188,7 @@ def test_bash_condition_writes_checks_and_is_scored_by_its_file(tmp_path: Path) 
     assert [t["tool"] for t in record["trajectory"]] == ["bash"]  # the checked file; unchanged at the end
 
 
+@needs_sandbox
 @pytest.mark.slow
 def test_pkb_prompt_zero_shot_and_bash_on_a_checkout(tmp_path: Path) -> None:
     spec = f"pkb:{PKB_CHECKOUT}"
