@@ -219,20 +219,29 @@ def test_local_device_calls_run_inside_a_lease(all_reduce, tmp_path):
     assert scheduler.leases == 1
 
 
-def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_reduce, tmp_path):
+def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_reduce, tmp_path, monkeypatch):
     original = CANDIDATES / "runtime_error_rank1.py"
     absent = str(tmp_path / "elsewhere" / "runtime_error_rank1.py")  # no such file here: only the source travels
     req = EvalRequest(problem_spec=all_reduce.loader_spec, candidate_source=original.read_text(),
                       candidate_name=absent, world_size=2, config=CONFIG.model_dump(),
                       log_dir=str(tmp_path / "logs"))
-    before = set(Path(tempfile.gettempdir()).glob("pkb-candidate-*"))
+    made: list[str] = []  # the executor's temporary copies (by name: other runs on the machine make their own)
+    real_temporary_directory = tempfile.TemporaryDirectory
+
+    def recording(*args, **kwargs):
+        folder = real_temporary_directory(*args, **kwargs)
+        made.append(folder.name)
+        return folder
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recording)
     result = LocalExecutor().evaluate(req)
     assert result.verdict == "runtime_error" and result.failure.rank == 1
     assert result.candidate.path == absent
     assert result.candidate.sha256 == hashlib.sha256(original.read_bytes()).hexdigest()
     assert f'File "{absent}"' in result.failure.evidence and "pkb-candidate-" not in result.failure.evidence
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["rank0.log", "rank1.log"]
-    assert set(Path(tempfile.gettempdir()).glob("pkb-candidate-*")) == before  # the temporary copy is gone
+    copies = [m for m in made if Path(m).name.startswith("pkb-candidate-")]
+    assert copies and not [c for c in copies if os.path.lexists(c)]  # the temporary copy is gone
 
 
 def test_a_harness_failure_is_an_infra_error_not_an_exception(tmp_path):
