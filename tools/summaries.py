@@ -158,9 +158,8 @@ def nsight_lines(report: ProfileReport) -> list[str]:
         # The kernels' time is the reason to say: counters this GPU cannot count (NVLink's on one GPU) are
         # missing too, but they are not why nothing came back (on 2026-12-02 the line blamed them for runs
         # whose replayed passes never finished).
-        reasons = list(dict.fromkeys(ncu.missing.values())) if ncu.missing else []
-        why = ncu.missing.get(DURATION) or (reasons[0] if reasons else
-                                                 (ncu.runs[0].message if ncu.runs else "no kernel was profiled"))
+        why = (ncu.missing.get(DURATION) or next(iter(ncu.missing.values()), None)
+               or (ncu.runs[0].message if ncu.runs else "no kernel was profiled"))
         return [f"Nsight Compute: no counters read ({str(why)[:200]}); the timeline above is what there is"]
     c = report.ceilings or {}
     lines = [f"Nsight Compute, rank {ncu.rank}, per call ({ncu.replay} replay over {ncu.calls} calls); ceilings: HBM "

@@ -90,10 +90,9 @@ SEARCH_PATH_VARS = ("LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PA
 TOOLCHAIN_VARS = (*COMPILER_VARS, *SEARCH_PATH_VARS, "GCC_EXEC_PREFIX")
 
 
-def _install_prefix(program: Path) -> Path:
-    """The folder a program was installed under: /opt/gcc for /opt/gcc/bin/g++ (its libexec, lib and include
-    folders sit beside bin), the program's own folder otherwise."""
-    folder = program.parent
+def _install_prefix(folder: Path) -> Path:
+    """The prefix a program folder was installed under: /opt/gcc for /opt/gcc/bin (its libexec, lib and
+    include folders sit beside bin), the folder itself otherwise."""
     return folder.parent if folder.name == "bin" and folder.parent != Path("/") else folder
 
 
@@ -107,10 +106,10 @@ def toolchain_folders(env: dict[str, str]) -> list[Path]:
         named = env.get(var, "").split()  # CC may carry flags ("gcc -m64"): the program is the first word
         program = shutil.which(named[0], path=env.get("PATH")) if named else None
         if program:
-            found.append(_install_prefix(Path(os.path.realpath(program))))
+            found.append(_install_prefix(Path(os.path.realpath(program)).parent))
     for folder in env.get("PATH", "").split(os.pathsep):
         if folder and os.path.isabs(folder):
-            found.append(_install_prefix(Path(folder) / "program"))
+            found.append(_install_prefix(Path(folder)))
     for var in SEARCH_PATH_VARS:
         found += [Path(p) for p in env.get(var, "").split(os.pathsep) if p]
     home = Path(os.path.expanduser("~")).resolve()
