@@ -46,6 +46,7 @@ from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
+from harness.flags import FROM_TIMES
 from harness.problem import MalformedProblem, load_problem
 from harness.registry import get, load_suite
 from harness.results import EvalResult
@@ -113,14 +114,17 @@ def solution(x):
 
 
 def deterministic(result: EvalResult) -> dict[str, Any]:
-    """What must not depend on where an evaluation ran. Timings, stage times, environment and date may; so may
-    error magnitudes and the messages that quote values: every evaluation draws its inputs with a fresh
-    secret salt (harness/integrity.py), so two local runs differ there too."""
+    """What must not depend on where an evaluation ran. Timings, stage times, environment and date may, and
+    so may the flags read from the timings (harness.flags.FROM_TIMES: on two cores the Ray tests run two
+    evaluations at once, and CI saw `timing_inconsistent` on an honest candidate there); so may error
+    magnitudes and the messages that quote values: every evaluation draws its inputs with a fresh secret
+    salt (harness/integrity.py), so two local runs differ there too."""
     failure = result.failure
     return {
         "problem": result.problem, "category": result.category, "origin": result.origin, "shape": result.shape,
         "world_size": result.world_size, "device": result.device, "candidate": result.candidate.model_dump(),
-        "verdict": result.verdict, "correct": result.correct, "flags": result.flags, "seed": result.seed,
+        "verdict": result.verdict, "correct": result.correct, "seed": result.seed,
+        "flags": [f for f in result.flags if f not in FROM_TIMES],
         "trials": result.trials, "timed": result.timings is not None, "config": result.config,
         # Not the failing trial: the trials run in an order drawn from each evaluation's secret.
         "failure": None if failure is None else {"verdict": failure.verdict, "rank": failure.rank,

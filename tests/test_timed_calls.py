@@ -6,8 +6,10 @@ the work. The end-to-end verdicts are in tests/test_exploits.py (memo_by_pointer
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -212,8 +214,8 @@ def test_the_margins_grow_with_what_a_call_costs():
     # the never-seen buffers cost the honest time: the margin is a quarter of the reference's call or the
     # floor, not 10 ms.
     cpu = IntegrityConfig.for_device("cpu")
-    assert plausibility.caching_suspected(0.02, 1.0, 1.0, cpu)
-    assert not plausibility.caching_suspected(1.0, 1.2, 1.0, cpu)
+    assert plausibility.caching_suspected([(0.02, 1.0)] * 5, 1.0, cpu)
+    assert not plausibility.caching_suspected([(1.0, 1.2)] * 5, 1.0, cpu)
     # Work hidden outside the claims: caught once it exceeds the larger of the floor and a call's cost.
     candidate = _stats(0.02, 0.3 + checks.unexplained_margin_ms * 2)
     assert timing.reconcile(candidate, _stats(0.02, 0.3), checks)
@@ -274,3 +276,24 @@ def test_a_timed_session_refills_the_same_buffers_and_hands_judged_calls_over(al
     intact = [r.get("kept_intact") for r in replies[1:]] + [end.get("kept_intact")]
     assert intact == [True, True, False, True]  # the third call zeroed its input
     assert all(r["refill_ms"] >= 0 for r in replies)
+
+
+def test_input_caching_sets_each_fresh_call_against_its_own_neighbour():
+    """Honest candidates on a loaded 2-core machine (2026-12-02, evaluations started two or three at once):
+    bursts of load fell on never-seen calls. Median against median read the first as caching (4.91 ms
+    against 1.5 x 2.49 ms + 0.5); each call against its neighbour does not. Under the heavier load the
+    honest never-seen calls ran up to 3x their neighbours: CPU's ratio is 3. A per-buffer memo stays
+    caught however the load falls: every pair shows it."""
+    cpu = IntegrityConfig.for_device("cpu")
+    gpu_ratio = dataclasses.replace(cpu, caching_ratio=IntegrityConfig.for_device("cuda").caching_ratio)
+    burst = [(2.491, 6.017), (2.739, 3.485), (2.182, 1.589), (1.784, 5.653), (6.106, 4.907)]
+    rotated, fresh = zip(*burst)
+    assert statistics.median(fresh) > 1.5 * statistics.median(rotated) + cpu.caching_margin_ms
+    assert not plausibility.caching_suspected(burst, 1.711, gpu_ratio)
+    heavy = [(1.929, 7.265), (7.057, 3.624), (3.339, 10.234), (2.458, 7.19), (6.982, 7.951)]
+    assert plausibility.caching_suspected(heavy, 1.711, gpu_ratio)
+    assert not plausibility.caching_suspected(heavy, 1.711, cpu)
+    memo = [(0.05, 1.7), (0.9, 2.6), (0.04, 1.8), (0.05, 5.0), (3.0, 1.9)]  # cached calls, two of them in bursts
+    assert plausibility.caching_suspected(memo, 1.711, cpu)
+    assert plausibility.caching_excess_ms([], cpu) is None and not plausibility.caching_suspected([], 1.0, cpu)
+    assert not plausibility.caching_suspected([(float("nan"), 9.0)], 1.0, cpu)
