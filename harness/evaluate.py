@@ -597,13 +597,14 @@ class _Evaluation:
         if problems:
             self.flags.append(integrity.TIMING_IMPLAUSIBLE)
             self.evidence["timing_problems"] = problems
-        rotated = candidate.fresh_pair_median_ms if candidate.fresh_pair_median_ms is not None else candidate.median_ms
-        if plausibility.caching_suspected(rotated, candidate.fresh_median_ms, reference.median_ms, self.checks):
+        pairs = [(max(rotated), max(fresh)) for rotated, fresh in
+                 zip(run.times.get("fresh_pair", []), run.times.get("fresh", []))]
+        if plausibility.caching_suspected(pairs, reference.median_ms, self.checks):
             self.flags.append(integrity.INPUT_CACHING)
-            self.evidence["input_caching"] = {"rotated_median_ms": rotated,
-                                              "fresh_median_ms": candidate.fresh_median_ms,
-                                              "margin_ms": plausibility.caching_margin_ms(reference.median_ms,
-                                                                                          self.checks)}
+            self.evidence["input_caching"] = {
+                "pairs_ms": [[round(r, 4), round(f, 4)] for r, f in pairs],
+                "median_excess_ms": plausibility.caching_excess_ms(pairs, self.checks),
+                "margin_ms": plausibility.caching_margin_ms(reference.median_ms, self.checks)}
         if self.checks.reconcile:
             inconsistent = timing.reconcile(candidate, reference, self.checks)
             if inconsistent:

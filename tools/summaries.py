@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from harness.common.kernel_names import short_name
-from harness.measure.ncu import STALL_REASONS
+from harness.measure.ncu import DURATION, STALL_REASONS
 from tools.render import fit_lines
 
 if TYPE_CHECKING:
@@ -156,8 +156,11 @@ def nsight_lines(report: ProfileReport) -> list[str]:
     there are no counters (the timeline above stands alone then)."""
     ncu = report.ncu
     if not report.kernel_summary:
-        reasons = list(dict.fromkeys(ncu.missing.values())) if ncu.missing else []
-        why = reasons[0] if reasons else (ncu.runs[0].message if ncu.runs else "no kernel was profiled")
+        # The kernels' time is the reason to say: counters this GPU cannot count (NVLink's on one GPU) are
+        # missing too, but they are not why nothing came back (on 2026-12-02 the line blamed them for runs
+        # whose replayed passes never finished).
+        why = (ncu.missing.get(DURATION) or next(iter(ncu.missing.values()), None)
+               or (ncu.runs[0].message if ncu.runs else "no kernel was profiled"))
         return [f"Nsight Compute: no counters read ({str(why)[:200]}); the timeline above is what there is"]
     c = report.ceilings or {}
     lines = [f"Nsight Compute, rank {ncu.rank}, per call ({ncu.replay} replay over {ncu.calls} calls); ceilings: HBM "

@@ -55,14 +55,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from harness.evaluate import evaluate
     from harness.launch.sandbox import SandboxUnavailable, probe
 
-    try:
-        sandbox = probe()
-    except SandboxUnavailable as err:
-        raise CliError(str(err)) from None
-    if sandbox.backend == "none":  # one file a person chose: scored anyway, never silently
-        print(f"pkb eval: warning: the candidate runs unsandboxed ({sandbox.reason}); "
-              f"install bubblewrap ({sandbox_gate.INSTALL}) for the sandbox", file=sys.stderr)
-
     problem = one_in(resolve_source(args.source), args.problem)
     shape = args.shape or ("default" if args.device == "cuda" else "small")
     check_shape(problem, shape)
@@ -76,6 +68,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not emulated and torch.cuda.device_count() < args.world_size:
             raise CliError(f"--world-size {args.world_size} needs {args.world_size} GPUs; "
                            f"{torch.cuda.device_count()} visible (or share them: --ranks-per-gpu)")
+    # Said once the input is known to be good: a bad argument stays a one-line error, warning or not.
+    try:
+        sandbox = probe()
+    except SandboxUnavailable as err:
+        raise CliError(str(err)) from None
+    if sandbox.backend == "none":  # one file a person chose: scored anyway, never silently
+        print(f"pkb eval: warning: the candidate runs unsandboxed ({sandbox.reason}); "
+              f"install bubblewrap ({sandbox_gate.INSTALL}) for the sandbox", file=sys.stderr)
     config = EvalConfig(trials=args.trials, seed=args.seed, skip_timing=args.no_timing,
                         use_reference_cache=not args.fresh_reference,
                         timing=TimingConfig.for_device(args.device), **layout.eval_config_fields(args.ranks_per_gpu))

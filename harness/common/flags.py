@@ -26,6 +26,10 @@ IMPOSSIBLE = "impossible"  # faster than the roofline lower bound
 SPAWNED_THREADS = "spawned_threads"  # the candidate left Python threads running (informational)
 EMULATED = "emulated"  # ranks shared a GPU (harness.emulation): the timings are not speedups
 
+# The flags read from the candidate's times (against the reference's, the harness's clock, the roofline):
+# like the times themselves they depend on the load of the machine that ran the evaluation.
+FROM_TIMES = frozenset({INPUT_CACHING, TIMING_IMPLAUSIBLE, TIMING_INCONSISTENT, IMPOSSIBLE})
+
 # A correct candidate with one of these flags is never counted as fast (its speedup is not trusted).
 SPEEDUP_DISQUALIFIERS = frozenset({
     USES_TORCH_COLLECTIVES, LEGACY_USES_NCCL, TAMPERING, UNSYNCHRONIZED_WORK, LAZY_OUTPUT, INPUT_CACHING,

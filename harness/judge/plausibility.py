@@ -6,7 +6,8 @@ caller computed: harness.measure.roofline.lower_bound_ms). Judge side.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Sequence
 
 from harness.common.integrity import IntegrityConfig
 
@@ -33,15 +34,26 @@ def caching_margin_ms(reference_median_ms: float, config: IntegrityConfig) -> fl
     return max(config.caching_margin_ms, config.caching_margin_work * work)
 
 
-def caching_suspected(rotated_ms: float, fresh_median_ms: float | None, reference_median_ms: float,
+def caching_excess_ms(pairs: Sequence[tuple[float, float]], config: IntegrityConfig) -> float | None:
+    """Per pair (a call on rotated buffers, then one on never-seen buffers), how much longer the never-seen
+    call took than `caching_ratio` times its neighbour; the median over pairs. Each call is set against its
+    own neighbour, not the median of all neighbours against the median of all fresh calls: load on a busy
+    machine comes in bursts longer than a call, and a burst that fell on three fresh calls and missed their
+    neighbours read as caching (2 of 16 honest evaluations, two at a time on 2 cores, 2026-12-02). None
+    without a finite pair."""
+    excess = [fresh - config.caching_ratio * rotated for rotated, fresh in pairs
+              if math.isfinite(rotated) and math.isfinite(fresh)]
+    return statistics.median(excess) if excess else None
+
+
+def caching_suspected(pairs: Sequence[tuple[float, float]], reference_median_ms: float,
                       config: IntegrityConfig) -> bool:
     """True when calls on never-seen buffers are much slower than their neighbouring calls on the rotated
     ones: something the candidate keeps per buffer (or per input content) saved work on the rotated calls.
     Every timed call's contents are fresh (harness.rank.refill), so only what is keyed on the buffers
     themselves is left for this check to see."""
-    if fresh_median_ms is None or not math.isfinite(fresh_median_ms):
-        return False
-    return fresh_median_ms > config.caching_ratio * rotated_ms + caching_margin_ms(reference_median_ms, config)
+    excess = caching_excess_ms(pairs, config)
+    return excess is not None and excess > caching_margin_ms(reference_median_ms, config)
 
 
 def usable_bound(value: object) -> float | None:

@@ -37,10 +37,11 @@ from typing import Any
 
 from harness.common import hostile_files
 
+DURATION = "gpu__time_duration.sum"  # a kernel's time: in every set, and the one metric a summary cannot lack
 # Small metric sets (duration, launch statistics and a few counters): few passes each under kernel replay.
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "core": (
-        "gpu__time_duration.sum",
+        DURATION,
         "nvltx__bytes.sum",  # NVLink bytes transmitted (Hopper's name; every link of this GPU)
         "nvlrx__bytes.sum",  # NVLink bytes received
         "dram__bytes_read.sum",
@@ -50,7 +51,7 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
         "launch__block_size",
     ),
     "throughput": (
-        "gpu__time_duration.sum",
+        DURATION,
         "sm__throughput.avg.pct_of_peak_sustained_elapsed",
         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
         "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",  # local-memory loads: register spills (and local arrays)
@@ -87,12 +88,12 @@ def stall_metric(reason: str) -> str:
     return f"{STALL_PREFIX}{reason}{STALL_SUFFIX}"
 
 
-METRIC_SETS["stalls"] = ("gpu__time_duration.sum", *(stall_metric(r) for r in STALL_REASONS))
+METRIC_SETS["stalls"] = (DURATION, *(stall_metric(r) for r in STALL_REASONS))
 # What the agent's profile tool asks for, in one ncu run (kernel replay takes the passes it needs): per
 # kernel its duration, DRAM and NVLink bytes (throughput against the measured ceilings), SM throughput and
 # the stall reasons.
 METRIC_SETS["agent"] = (
-    "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "nvltx__bytes.sum", "nvlrx__bytes.sum",
+    DURATION, "dram__bytes_read.sum", "dram__bytes_write.sum", "nvltx__bytes.sum", "nvlrx__bytes.sum",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     *(stall_metric(r) for r in STALL_REASONS),
@@ -253,7 +254,7 @@ def aggregate(rows: list[dict[str, Any]], metrics: Sequence[str],
     by_name: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_name.setdefault(row["kernel"], []).append(row)
-    duration = "gpu__time_duration.sum"
+    duration = DURATION
 
     def combined(group: list[dict[str, Any]], m: str) -> float | None:
         # (value, GPU time) of the launches that have the metric (parse_raw_csv leaves None where not)
@@ -323,7 +324,7 @@ def _rate(metrics: dict[str, float | None], seconds: float | None, calls: int, *
 def summarize_kernels(report: NcuReport, *, hbm: Ceiling, link: Ceiling, call_us: float | None = None,
                       top: int = 4, stalls: int = 3) -> list[KernelSummary]:
     """The `top` kernels by GPU time (ncu's, per call of the profiled rank), each against the ceilings."""
-    duration = "gpu__time_duration.sum"
+    duration = DURATION
     total_ns = sum(k.metrics.get(duration) or 0.0 for k in report.kernels)
     out = []
     for k in report.kernels[:top]:

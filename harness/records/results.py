@@ -54,8 +54,8 @@ class TimingStats(BaseModel):
                           "median_ms means the candidate caches answers by input")
     fresh_iterations: int = 0
     fresh_pair_median_ms: float | None = Field(
-        None, description="median of the rotated-input iterations interleaved with the fresh ones (the "
-                          "comparison fresh_median_ms is judged against)")
+        None, description="median of the rotated-input iterations interleaved with the fresh ones (each fresh "
+                          "call is judged against the one just before it: harness.judge.plausibility)")
 
     span_median_ms: float | None = Field(
         None, description="the harness's own clock: median time from sending a timed iteration's request to the "

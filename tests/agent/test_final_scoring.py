@@ -17,6 +17,7 @@ from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
 from harness.common.paths import REPO_ROOT
+from harness.launch.sandbox import SandboxInfo, probe
 from harness.problems.parallelkernelbench import checkout
 from harness.problems.problem import MalformedProblem, load_problem
 from harness.problems.registry import discover, get, load_suite
@@ -28,6 +29,9 @@ WRONG = (CANDIDATES / "output_mismatch_rank1.py").read_text()
 # kernel fitted to the shape the tools used fails on another size.
 FITTED = CORRECT.replace("def solution(x):\n", "def solution(x):\n    if x.shape[0] != 8:\n        return x.clone()\n")
 PKB_CHECKOUT = TESTS / "fixtures" / "pkb_checkout"
+# The bash condition's shell runs only in the bubblewrap sandbox (tools/bash.py refuses to run without it).
+needs_sandbox = pytest.mark.skipif(probe().backend != "bwrap",
+                                   reason=f"the bash condition needs the sandbox; there is none here: {probe().reason}")
 
 
 # -- pure helpers ------------------------------------------------------------------------------------------
@@ -147,6 +151,19 @@ def test_best_candidate_trajectory_report_and_rescore(tmp_path: Path) -> None:
 BASH_SOLUTION = "cat > solution.py <<'EOF'\n" + CORRECT + "EOF"
 
 
+def test_the_shell_refuses_to_run_without_the_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tools import bash
+    from tools.base import ToolInputError
+
+    monkeypatch.setattr(bash, "probe", lambda: SandboxInfo("none", reason="bubblewrap is not installed (test)"))
+    ran: list[object] = []
+    monkeypatch.setattr("tools.bash.subprocess.Popen", lambda *a, **k: ran.append(a))
+    with pytest.raises(ToolInputError, match="needs the bubblewrap sandbox.*not installed"):
+        bash.run_shell(None, "touch /tmp/escaped", 5.0)  # type: ignore[arg-type]  # refused before the context is read
+    assert not ran
+
+
+@needs_sandbox
 @pytest.mark.slow
 def test_bash_condition_writes_checks_and_is_scored_by_its_file(tmp_path: Path) -> None:
     repo = REPO_ROOT
@@ -172,6 +189,7 @@ def test_bash_condition_writes_checks_and_is_scored_by_its_file(tmp_path: Path) 
     assert [t["tool"] for t in record["trajectory"]] == ["bash"]  # the checked file; unchanged at the end
 
 
+@needs_sandbox
 @pytest.mark.slow
 def test_pkb_prompt_zero_shot_and_bash_on_a_checkout(tmp_path: Path) -> None:
     spec = f"pkb:{PKB_CHECKOUT}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -82,13 +83,47 @@ def _under(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+# The build toolchain's environment: a compiler named by path, and the folders compilers and linkers search.
+# Kept in a sandbox's environment (policy.clean_environment) and bound into it (toolchain_folders).
+COMPILER_VARS = ("CC", "CXX", "CUDAHOSTCXX", "NVCC_CCBIN")
+SEARCH_PATH_VARS = ("LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "COMPILER_PATH")
+TOOLCHAIN_VARS = (*COMPILER_VARS, *SEARCH_PATH_VARS, "GCC_EXEC_PREFIX")
+
+
+def _install_prefix(folder: Path) -> Path:
+    """The prefix a program folder was installed under: /opt/gcc for /opt/gcc/bin (its libexec, lib and
+    include folders sit beside bin), the folder itself otherwise."""
+    return folder.parent if folder.name == "bin" and folder.parent != Path("/") else folder
+
+
+def toolchain_folders(env: dict[str, str]) -> list[Path]:
+    """What a native build needs besides /usr: the install prefix of each compiler the environment names and of
+    each program folder on PATH (a compiler found there needs its prefix's lib and libexec), and the folders
+    on the compilers' and linker's search paths. Nothing under the home folder: a user's own tools are not
+    the machine's toolchain, and ~/.cargo or ~/.local hold credentials beside their programs."""
+    found: list[Path] = []
+    for var in COMPILER_VARS:
+        named = env.get(var, "").split()  # CC may carry flags ("gcc -m64"): the program is the first word
+        program = shutil.which(named[0], path=env.get("PATH")) if named else None
+        if program:
+            found.append(_install_prefix(Path(os.path.realpath(program)).parent))
+    for folder in env.get("PATH", "").split(os.pathsep):
+        if folder and os.path.isabs(folder):
+            found.append(_install_prefix(Path(folder)))
+    for var in SEARCH_PATH_VARS:
+        found += [Path(p) for p in env.get(var, "").split(os.pathsep) if p]
+    home = Path(os.path.expanduser("~")).resolve()
+    return [f for f in found if f.is_absolute() and not _under(f.resolve(), home)]
+
+
 def code_folders(cwd: Path) -> list[Path]:
-    """What the sandbox's processes need to run and import: the checkout (`cwd`), the interpreter's
-    prefixes, and the folders on sys.path, PYTHONPATH and LD_LIBRARY_PATH."""
+    """What the sandbox's processes need to run, import and build: the checkout (`cwd`), the interpreter's
+    prefixes, the folders on sys.path, PYTHONPATH and LD_LIBRARY_PATH, and the build toolchain's."""
     found = [cwd, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.base_exec_prefix),
              Path(os.path.realpath(sys.executable)).parent, *(Path(p) for p in sys.path if p)]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH"):
         found += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if p]
+    found += toolchain_folders(dict(os.environ))
     return list(dict.fromkeys(p for p in found if p.is_absolute()))
 
 

@@ -24,9 +24,11 @@ OFF_REASON_VAR = "PKB_SANDBOX_OFF_BY"  # who turned the sandbox off (e.g. `pkb r
 
 # Environment variables a sandbox keeps (exact names, then prefixes); everything else is dropped, and so
 # is any name that looks like a secret whatever its prefix.
+# The toolchain's own names (mounts.TOOLCHAIN_VARS) are kept: a machine whose compiler lives outside /usr
+# (the H200 node's CC=/opt/gcc/bin/gcc) builds nothing without them.
 _KEEP = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "SHELL", "LD_LIBRARY_PATH",
-         "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "VIRTUAL_ENV", "CONDA_PREFIX", "CC", "CXX",
-         "MAX_JOBS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"}
+         "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "VIRTUAL_ENV", "CONDA_PREFIX",
+         "MAX_JOBS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", *mounts.TOOLCHAIN_VARS}
 _KEEP_PREFIXES = ("LC_", "CUDA_", "NCCL_", "TORCH_", "NVIDIA_", "NVSHMEM_", "GLOO_", "TRITON_", "CUPY_",
                   "OMP_", "KMP_", "MKL_", "PKB_POOL", "PKB_TEST_")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE")

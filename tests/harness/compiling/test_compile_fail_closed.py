@@ -153,3 +153,40 @@ def test_stopping_a_build_removes_only_its_own_locks(tmp_path):
     os.symlink(elsewhere, build_dir / "linked")
     assert remove_build_locks(build_dir, 0.0) == ["mine"]
     assert (elsewhere / "lock").exists() and not (build_dir / "mine" / "lock").exists()
+
+
+CORRECT_LOAD_INLINE = r'''import torch
+from torch.utils.cpp_extension import load_inline
+
+SOURCE = r"""
+#include <torch/extension.h>
+torch::Tensor twice(torch::Tensor x) { return x * 2; }
+"""
+_module = load_inline("pkb_test_cxx_outside_usr", cpp_sources=SOURCE, functions=["twice"])
+
+
+def solution(x):
+    return _module.twice(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_compiler_installed_outside_usr_builds_in_the_sandbox(tmp_path, monkeypatch):
+    """The H200 node names its compiler by path outside /usr (CXX=/opt/gcc/bin/g++): the sandbox bound only
+    /usr and the interpreter, and every PKB candidate was a compile_error ("g++: not found"). The compiler's
+    install prefix is bound now (harness.launch.sandbox.mounts.toolchain_folders)."""
+    from harness.launch.sandbox import probe
+
+    if probe().backend != "bwrap":
+        pytest.skip("no bubblewrap here: without a sandbox every folder is visible and the case cannot arise")
+    prefix = tmp_path / "opt" / "toolchain"
+    (prefix / "bin").mkdir(parents=True)
+    wrapper = prefix / "bin" / "g++"
+    wrapper.write_text("#!/bin/sh\nexec /usr/bin/g++ \"$@\"\n")
+    wrapper.chmod(0o755)
+    for folder in (tmp_path, tmp_path / "opt", prefix, prefix / "bin"):
+        folder.chmod(0o755)  # the sandbox's uid walks to it, as to /opt/gcc
+    monkeypatch.setenv("CXX", str(wrapper))
+    candidate = _write(tmp_path / "code", "outside.py", CORRECT_LOAD_INLINE)
+    outcome = compile_candidate(candidate, 900.0, "cpu")
+    assert outcome.ok and outcome.extensions is not None, outcome

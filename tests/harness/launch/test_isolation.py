@@ -790,3 +790,24 @@ def test_an_evaluation_folder_whose_harness_was_killed_is_removed_by_the_next_po
     assert reap_stale_folders() == [orphan]
     assert live.exists() and not orphan.exists()
     shutil.rmtree(live)
+
+
+def test_the_toolchain_the_environment_names_is_bound_but_nothing_under_the_home_folder(tmp_path):
+    """A compiler named by path (CC) is bound with its install prefix (its lib and libexec sit beside bin), as
+    are the linker's and compilers' search folders; a tool folder under the home folder is not (~/.cargo
+    keeps credentials beside cargo), and the toolchain's variables survive the environment's allow-list."""
+    from harness.launch.sandbox import clean_environment, mounts
+
+    prefix = tmp_path / "opt" / "gcc"
+    (prefix / "bin").mkdir(parents=True)
+    gcc = prefix / "bin" / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    home_tools = Path.home() / ".cargo" / "bin"
+    env = {"PATH": f"{home_tools}:/usr/bin:/bin", "CC": f"{gcc} -m64", "LIBRARY_PATH": f"{tmp_path / 'stubs'}:",
+           "CPATH": str(Path.home() / "include")}
+    found = mounts.toolchain_folders(env)
+    assert prefix in found and tmp_path / "stubs" in found
+    assert not [f for f in found if Path.home() in (f, *f.parents)]
+    kept = clean_environment({**env, "GCC_EXEC_PREFIX": "/opt/gcc/lib/gcc/", "HF_TOKEN": "x"}, None)
+    assert {"CC", "LIBRARY_PATH", "CPATH", "GCC_EXEC_PREFIX"} <= set(kept) and "HF_TOKEN" not in kept

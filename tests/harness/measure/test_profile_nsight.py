@@ -186,3 +186,16 @@ def test_the_recorded_one_h200_export_summarises_as_the_tool_said_on_the_gpu() -
     assert top.sm_pct == pytest.approx(29.35, abs=0.01)
     assert top.nvlink_tx_bytes_per_s is None and top.nvlink_fraction is None
     assert [reason for reason, _ in top.stalls][:2] == ["long_scoreboard", "wait"]
+
+
+def test_a_run_that_never_finished_is_said_as_such_not_blamed_on_unreadable_counters() -> None:
+    # As on the H200 on 2026-12-02 (two-shot copy-engine expert): NVLink's counters are unreadable on one GPU,
+    # and the replayed passes of a kernel that waits on its peer never finished; the line named the first.
+    timeout = ("not collected: 'agent' run timeout: ranks [0, 1] did not finish within the budget: a profiled "
+               "kernel may wait on a peer that will not signal again (a replayed pass)")
+    unreadable = "not readable here: ncu cannot access this counter on this GPU and driver"
+    missing = {m: (unreadable if m.startswith("nvl") else timeout) for m in ncu.METRIC_SETS["agent"]}
+    missing = {"nvltx__bytes.sum": unreadable, **missing}  # the unreadable ones first, as ncu.collect files them
+    report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="not_collected", missing=missing)
+    said = [line for line in profile_text(_profile(report, []), 600).splitlines() if line.startswith("Nsight Compute")]
+    assert len(said) == 1 and "did not finish" in said[0] and "not readable" not in said[0]

@@ -215,8 +215,8 @@ def test_the_margins_grow_with_what_a_call_costs():
     # the never-seen buffers cost the honest time: the margin is a quarter of the reference's call or the
     # floor, not 10 ms.
     cpu = IntegrityConfig.for_device("cpu")
-    assert plausibility.caching_suspected(0.02, 1.0, 1.0, cpu)
-    assert not plausibility.caching_suspected(1.0, 1.2, 1.0, cpu)
+    assert plausibility.caching_suspected([(0.02, 1.0)] * 5, 1.0, cpu)
+    assert not plausibility.caching_suspected([(1.0, 1.2)] * 5, 1.0, cpu)
     # Work hidden outside the claims: caught once it exceeds the larger of the floor and a call's cost.
     candidate = _stats(0.02, 0.3 + checks.unexplained_margin_ms * 2)
     assert timing.reconcile(candidate, _stats(0.02, 0.3), checks)
