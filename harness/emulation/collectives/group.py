@@ -8,7 +8,7 @@ torch.distributed's Python functions and the C++ paths that reach a group throug
 stream (the host waits for it, where NCCL's stream would), moved over links.Links, reduced on the host in
 rank order, and written back on the current stream. Exact, and the same code runs on CPU tensors.
 
-Semantics kept from NCCL (and checked against gloo on CPU in tests/test_host_collectives.py):
+Semantics kept from NCCL (and checked against gloo on CPU in tests/harness/emulation/test_host_collectives.py):
 - all_gather's list form accepts outputs of different sizes (each the size of that rank's input), the
   tensor form any output shape of W times the input's elements (stacked or concatenated);
 - reduce_scatter's list form accepts uneven inputs, the tensor form W times the output's elements;
