@@ -16,6 +16,7 @@ unsandboxed shell would run model-written commands with the harness's rights.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shlex
@@ -27,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import channel
+from harness.common.hostile_files import Folder, HostileFile
 from harness.common.paths import REPO_ROOT
 from harness.launch.sandbox import SandboxPolicy, clean_environment, probe
+from harness.launch.sandbox.policy import SANDBOX_UID
+from harness.launch.sandbox.private import hand_over
 from harness.rank.transport import TransportError, open_untrusted
 from harness.records.cache_dir import cache_root
 from tools.base import ToolContext, ToolInputError, ToolOutcome, bounded, save_candidate
@@ -47,15 +51,27 @@ def scratch(ctx: ToolContext) -> Path:
 
 
 def prepare(ctx: ToolContext, files: dict[str, str]) -> Path:
-    """The scratch folder with the files the prompt names (the reference), written once."""
+    """The scratch folder with the files the prompt names (the reference), written once, and its `tmp`.
+
+    The shell may have run here before (every command, and a resumed sample, comes back to it), and this
+    runs as the harness's user, root on a GPU node: every name is reached through the held folder, so a
+    link the shell planted is never followed and a name it took is left to it (the copy of the reference
+    is a convenience, not something to fight for). Only the sandbox's user writes in the folder: it is
+    handed over to that uid where the shell runs as it on the host, and stays the harness user's where a
+    user namespace maps the sandbox's uid there; never writable by everyone (0755: bubblewrap enters it
+    before the uid changes, without the capabilities that would let it into a private folder)."""
     folder = scratch(ctx)
-    folder.mkdir(parents=True, exist_ok=True)
-    for rel, text in files.items():
-        path = folder / rel
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    os.chmod(folder, 0o777)  # the sandbox's user (nobody) writes here
+    folder.mkdir(parents=True, exist_ok=True)  # the sample's folder, the trusted side's own
+    with Folder.open(folder) as held:
+        for rel, text in files.items():
+            with contextlib.suppress(HostileFile):
+                if not held.exists(rel):
+                    held.write_new(rel, text.encode())
+        with contextlib.suppress(HostileFile):
+            held.make_dir("tmp", 0o700)
+        os.fchmod(held.fd, 0o755)
+    if probe().host_uid_switch:
+        hand_over(folder, SANDBOX_UID)
     return folder
 
 
@@ -113,7 +129,6 @@ def run_shell(ctx: ToolContext, command: str, timeout: float) -> dict[str, Any]:
     if info.backend != "bwrap":
         raise ToolInputError(f"the shell needs the bubblewrap sandbox, which is unavailable here ({info.reason})")
     folder = scratch(ctx)
-    (folder / "tmp").mkdir(exist_ok=True)
     # Hidden besides the run's folder: the checkout (problems/ holds the oracles, the held-out shapes and the
     # expert solutions), the harness's cache, and a PKB checkout (recorded solution sets of other models).
     spec = ctx.problem.loader_spec
