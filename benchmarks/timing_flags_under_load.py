@@ -48,7 +48,7 @@ class PairRecorder:
 
     def __enter__(self) -> PairRecorder:
         def recording(run: timing.TimingRun, clock: Any) -> Any:
-            pairs = [(max(r), max(f)) for r, f in zip(run.times.get("fresh_pair", []), run.times.get("fresh", []))]
+            pairs = timing.fresh_pairs(run)
             with self._lock:
                 self.pairs[threading.get_ident()] = pairs
             return self._original(run, clock)

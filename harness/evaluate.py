@@ -597,8 +597,7 @@ class _Evaluation:
         if problems:
             self.flags.append(integrity.TIMING_IMPLAUSIBLE)
             self.evidence["timing_problems"] = problems
-        pairs = [(max(rotated), max(fresh)) for rotated, fresh in
-                 zip(run.times.get("fresh_pair", []), run.times.get("fresh", []))]
+        pairs = timing.fresh_pairs(run)
         if plausibility.caching_suspected(pairs, reference.median_ms, self.checks):
             self.flags.append(integrity.INPUT_CACHING)
             self.evidence["input_caching"] = {

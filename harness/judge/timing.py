@@ -247,6 +247,11 @@ def _unexplained(run: TimingRun) -> list[float]:
     return every
 
 
+def fresh_pairs(run: TimingRun) -> list[tuple[float, float]]:
+    """(rotated call, the never-seen call after it): the slowest rank's claimed time of each, in plan order."""
+    return [(max(r), max(f)) for r, f in zip(run.times.get("fresh_pair", []), run.times.get("fresh", []))]
+
+
 def stats(run: TimingRun, clock: Clock) -> TimingStats:
     """Per iteration the slowest rank's claimed time; quantiles; the harness's own spans beside them. Probe
     calls and warm-up are judged but never counted."""
