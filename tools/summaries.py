@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from harness.common.kernel_names import short_name
-from harness.measure.ncu import DURATION, STALL_REASONS
+from harness.measure.ncu import DURATION, STALL_PREFIX, STALL_REASONS
 from tools.render import fit_lines
 
 if TYPE_CHECKING:
@@ -167,10 +167,15 @@ def nsight_lines(report: ProfileReport) -> list[str]:
              f"{_rate(c.get('hbm_bytes_per_s'))} ({c.get('hbm_source')}), NVLink {_rate(c.get('link_bytes_per_s'))} "
              f"per direction ({c.get('link_source')}); stalls are warps stalled per issue cycle:"]
     lines += [kernel_line(k, explain_stalls=True) for k in report.kernel_summary]
-    if ncu.missing:
-        names = ", ".join(NCU_LABELS.get(m, m.removeprefix("smsp__average_warps_issue_stalled_"))
-                          for m in list(ncu.missing)[:6])
-        lines.append(f"  not read: {names}: {next(iter(ncu.missing.values()))[:160]}")
+    reasons: dict[str, list[str]] = {}  # one line per reason: the NVLink counters one GPU lacks, a replay that hung
+    for m, why in ncu.missing.items():
+        name = "stall reasons" if m.startswith(STALL_PREFIX) else NCU_LABELS.get(m, m)
+        if name not in reasons.setdefault(why, []):
+            reasons[why].append(name)
+    for why, names in list(reasons.items())[:3]:
+        more = f" and {len(names) - 6} more" if len(names) > 6 else ""
+        lines.append(f"  not read: {', '.join(names[:6])}{more}: {why[:160]}")
+    lines += [f"  note: {n[:200]}" for n in ncu.notes]
     return lines
 
 

@@ -16,6 +16,14 @@ signal from a peer that has moved on hangs. So:
   locked, and the GPU's settings are never touched;
 - `--profile-from-start off`: only the profiled calls count (the worker brackets them with
   cudaProfilerStart/Stop), `--launch-count` bounds the kernels, and a time budget bounds the whole.
+- the emulation's own barrier and signal kernels (harness.emulation.signals: they stand in for torch's
+  when ranks share a GPU, are not the candidate's work, and wait on a peer in another context) are left
+  out of the profile by name (`--kernel-name regex:` with a negative look-ahead); the timeline has them;
+- a run whose replayed passes never finish (a kernel of the candidate's own that waits on a peer:
+  measured on one H200, 2026-12-02, docs/profiling.md) is run again with ONE_PASS, metrics that ncu
+  collects in a single pass: nothing is replayed, so the kernel runs once, as it would unprofiled, and
+  its time and DRAM traffic are still read; what only a replay gives (SM throughput, stall reasons) is
+  then listed as not read, with why.
 Each metric set is one ncu run (one pool launch); its report is exported and read back with
 `ncu --import ... --csv --page raw`. Whatever could not be collected is listed with the reason.
 """
@@ -36,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import hostile_files
+from harness.emulation import signals
 
 DURATION = "gpu__time_duration.sum"  # a kernel's time: in every set, and the one metric a summary cannot lack
 # Small metric sets (duration, launch statistics and a few counters): few passes each under kernel replay.
@@ -98,6 +107,15 @@ METRIC_SETS["agent"] = (
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     *(stall_metric(r) for r in STALL_REASONS),
 )
+# Collected in one pass (no replay), for kernels whose replayed passes wait forever on a peer: the time, the
+# DRAM traffic and the launch statistics (the last cost no pass at all).
+ONE_PASS: tuple[str, ...] = (DURATION, "dram__bytes_read.sum", "dram__bytes_write.sum", "launch__registers_per_thread",
+                             "launch__grid_size", "launch__block_size")
+# Kernels never profiled: the emulation's barrier and signal kernels (by their PTX entry names).
+NOT_PROFILED: tuple[str, ...] = (signals.BARRIER, signals.PUT_SIGNAL, signals.WAIT_SIGNAL)
+# The share of the time left that a replayed set may take before the one-pass run replaces it (the one-shot
+# all-reduce's whole replayed run took 24-30 s of its 120 s budget on one H200, docs/profiling.md).
+REPLAY_SHARE = 0.55
 DEFAULT_SETS = ("core", "throughput")
 AGENT_SETS = ("agent",)
 _TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
@@ -157,10 +175,17 @@ def resolve_sets(selection: Sequence[str] | None) -> list[tuple[str, tuple[str, 
 
 
 def ncu_command(ncu: str, report: Path, metrics: Sequence[str], *, replay: str = "kernel",
-                launch_count: int = 64) -> list[str]:
-    return [ncu, "--target-processes", "application-only", "--replay-mode", replay, "--cache-control", "none",
-            "--clock-control", "none", "--profile-from-start", "off", "--launch-count", str(launch_count),
-            "--metrics", ",".join(metrics), "--export", str(report), "--force-overwrite"]
+                launch_count: int = 64, skip: Sequence[str] = NOT_PROFILED) -> list[str]:
+    command = [ncu, "--target-processes", "application-only", "--replay-mode", replay, "--cache-control", "none",
+               "--clock-control", "none", "--profile-from-start", "off", "--launch-count", str(launch_count)]
+    if skip:
+        command += ["--kernel-name-base", "function", "--kernel-name", skip_filter(skip)]
+    return command + ["--metrics", ",".join(metrics), "--export", str(report), "--force-overwrite"]
+
+
+def skip_filter(names: Sequence[str]) -> str:
+    """ncu's kernel filter that matches every kernel but the named ones (function names, matched whole)."""
+    return "regex:^(?!(?:" + "|".join(re.escape(n) for n in names) + ")$)"
 
 
 def _number(cell: str) -> float | None:
@@ -463,11 +488,13 @@ def _import(ncu: str, report: Path, metrics: Sequence[str], timeout: float,
 def collect(problem: Any, candidate: Path | None, *, world_size: int, device: str, shape: str, seed: int = 0,
             rank: int = 0, budget_s: float = 60.0, metrics: Sequence[str] | None = None,
             replay: str = "kernel", calls: int = 2, warmup: int = 2, launch_count: int = 64,
-            gpus: list[int] | None = None, ranks_per_gpu: int = 1, keep_dir: Path | None = None) -> NcuReport:
+            gpus: list[int] | None = None, ranks_per_gpu: int = 1, keep_dir: Path | None = None,
+            one_pass: bool = True) -> NcuReport:
     """Nsight Compute metrics of rank `rank`, one ncu run per metric set while the budget lasts. Never
     raises for what ncu cannot do: the report says what was not collected and why. `gpus`, `ranks_per_gpu`:
     where the ranks run (harness.emulation when ranks share a GPU); `keep_dir`: where each run's report
-    (.ncu-rep) and its raw page (CSV, as `ncu --import --csv --page raw` printed it) are kept."""
+    (.ncu-rep) and its raw page (CSV, as `ncu --import --csv --page raw` printed it) are kept; `one_pass`: a
+    set whose replayed passes never finish is counted again with ONE_PASS (module doc)."""
     started = time.monotonic()
     report = NcuReport(rank=rank, replay=replay, calls=calls, status="not_collected")
     sets = resolve_sets(metrics)
@@ -488,7 +515,11 @@ def collect(problem: Any, candidate: Path | None, *, world_size: int, device: st
     deadline = started + budget_s
     per_run: list[list[dict[str, Any]]] = []
     collected: set[str] = set()
+    unreadable: set[str] = set()
     why: dict[str, str] = {}
+    if NOT_PROFILED and ranks_per_gpu > 1:
+        report.notes.append(f"not profiled: {', '.join(NOT_PROFILED)} (the emulation's barrier and signal kernels; "
+                            "the timeline has their time)")
     with tempfile.TemporaryDirectory(prefix="pkb-ncu-") as tmp:
         for name, ms in sets:
             if deadline - time.monotonic() < 15.0:
@@ -496,31 +527,50 @@ def collect(problem: Any, candidate: Path | None, *, world_size: int, device: st
                 for m in ms:
                     why.setdefault(m, f"not collected: the {budget_s:.0f} s budget ran out before the '{name}' run")
                 continue
-            def attempt(metrics: tuple[str, ...], set_name: str = name) -> tuple[NcuRun, list[dict[str, Any]],
-                                                                                 set[str]]:
+            def attempt(metrics: tuple[str, ...], set_name: str = name,
+                        until: float = deadline) -> tuple[NcuRun, list[dict[str, Any]], set[str]]:
                 return _one_run(ncu, problem, candidate, set_name, metrics, world_size=world_size, shape=shape,
                                 seed=seed, rank=rank, replay=replay, calls=calls, warmup=warmup,
-                                launch_count=launch_count, deadline=deadline, workdir=Path(tmp), gpus=gpus,
+                                launch_count=launch_count, deadline=until, workdir=Path(tmp), gpus=gpus,
                                 ranks_per_gpu=ranks_per_gpu)
 
-            run, rows, present = attempt(ms)
+            # A set that needs a replay may hang on a kernel that waits on its peer: it gets a share of what is
+            # left, so that the one-pass run after it still has time.
+            replayed = one_pass and set(ms) - set(ONE_PASS)
+            until = time.monotonic() + (deadline - time.monotonic()) * REPLAY_SHARE if replayed else deadline
+            run, rows, present = attempt(ms, until=until)
             if run.status != "collected" and run.unreadable:
                 # One metric this GPU cannot count (NVLink's on a machine without NVLink peers) fails the whole
                 # run: record it, then run the set again without it.
                 report.runs.append(run)
                 for m in run.unreadable:
                     why.setdefault(m, "not readable here: ncu cannot access this counter on this GPU and driver")
+                    unreadable.add(m)
                 readable = tuple(m for m in ms if m not in run.unreadable)
                 if not readable or deadline - time.monotonic() < 15.0:
                     continue
-                run, rows, present = attempt(readable)
+                run, rows, present = attempt(readable, until=until)
+            kept_as = name
+            if run.status == "timeout" and replayed and deadline - time.monotonic() >= 15.0:
+                # The replayed passes never finished: count what one pass gives, with nothing replayed.
+                report.runs.append(run)
+                wait = ("not collected: ncu's replayed passes never finished (a kernel waits on a peer that does "
+                        "not signal a replayed pass); counted in one pass instead: time, DRAM, launch")
+                for m in ms:
+                    if m not in ONE_PASS:
+                        why.setdefault(m, wait)
+                kept_as = f"{name}-one-pass"
+                run, rows, present = attempt(tuple(m for m in ONE_PASS if m not in unreadable), kept_as)
+                if run.status == "collected":
+                    report.notes.append("counted in one pass (no replay): a kernel waits on its peer, and ncu's "
+                                        "replayed passes of it never finished")
             report.runs.append(run)
             if keep_dir is not None:
                 keep_dir.mkdir(parents=True, exist_ok=True)
-                for kept in (Path(tmp) / f"{name}.ncu-rep", Path(tmp) / f"{name}.csv"):
+                for kept in (Path(tmp) / f"{kept_as}.ncu-rep", Path(tmp) / f"{kept_as}.csv"):
                     if kept.is_file():
                         shutil.copy2(kept, keep_dir / kept.name)
-            for m in ms:
+            for m in dict.fromkeys((*ms, *(ONE_PASS if kept_as != name else ()))):
                 if m in present and any(r.get(m) is not None for r in rows):
                     collected.add(m)
                 elif run.status != "collected":

@@ -199,3 +199,26 @@ def test_a_run_that_never_finished_is_said_as_such_not_blamed_on_unreadable_coun
     report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="not_collected", missing=missing)
     said = [line for line in profile_text(_profile(report, []), 600).splitlines() if line.startswith("Nsight Compute")]
     assert len(said) == 1 and "did not finish" in said[0] and "not readable" not in said[0]
+
+
+def test_a_one_pass_answer_names_each_reason_and_the_note() -> None:
+    """After a replay that never finished, the one-pass counters stand (time, DRAM); the lines say what is
+    missing for which reason (NVLink: not on this GPU; SM and stalls: the replay) and why one pass was used."""
+    metrics = list(ncu.METRIC_SETS["agent"])
+    rows = [{"kernel": "all_gather_pull", ncu.DURATION: 2.0e6, "dram__bytes_read.sum": 4.0e9,
+             "dram__bytes_write.sum": 2.0e9}]
+    unreadable = "not readable here: ncu cannot access this counter on this GPU and driver"
+    replay = "not collected: ncu's replayed passes never finished (a kernel waits on a peer); counted in one pass"
+    report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="partial",
+                           missing={m: unreadable if m.startswith("nvl") else replay
+                                    for m in metrics if m not in ncu.ONE_PASS},
+                           notes=["counted in one pass (no replay): a kernel waits on its peer"])
+    report.kernels, report.per_call = ncu.aggregate(rows, metrics, 2)
+    summary = ncu.summarize_kernels(report, hbm=HBM, link=LINK)
+    text = profile_text(_profile(report, summary), 600)
+    line = next(line for line in text.splitlines() if line.startswith("  all_gather_pull"))
+    assert "1000.0us/call" in line and "DRAM 3.00 TB/s" in line and "stalls" not in line
+    not_read = [line for line in text.splitlines() if line.startswith("  not read:")]
+    assert len(not_read) == 2 and "NVLink sent" in not_read[0] and "not readable here" in not_read[0]
+    assert "SM throughput %, memory throughput %, stall reasons: not collected: ncu's replayed" in not_read[1]
+    assert "  note: counted in one pass (no replay): a kernel waits on its peer" in text

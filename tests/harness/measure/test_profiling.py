@@ -4,10 +4,12 @@ CSV and log parsing, the ncu driver end to end with a stand-in `ncu` (CPU), and 
 from __future__ import annotations
 
 import json
+import re
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,6 +268,48 @@ def test_metric_sets_and_the_command_never_locks_clocks():
     assert value("--replay-mode") == "kernel" and value("--profile-from-start") == "off"
     assert value("--launch-count") == "9" and value("--metrics") == "a__b.sum,c__d.sum"
     assert "base" not in cmd  # clocks are never locked to base
+    assert value("--kernel-name-base") == "function"
+    assert value("--kernel-name") == "regex:^(?!(?:pkb_emu_barrier|pkb_emu_put_signal|pkb_emu_wait_signal)$)"
+    assert "--kernel-name" not in nsight.ncu_command("ncu", Path("/tmp/r"), ["a__b.sum"], skip=())
+
+
+def test_the_skip_filter_leaves_out_only_the_named_kernels():
+    """ncu reads the filter as an ECMAScript regex; Python's `re` agrees on this subset (look-ahead, anchors)."""
+    pattern = re.compile(nsight.skip_filter(nsight.NOT_PROFILED).removeprefix("regex:"))
+    for name in nsight.NOT_PROFILED:
+        assert not pattern.search(name)
+    for name in ("one_shot_all_reduce", "pkb_emu_barrier_of_mine", "sum_slots", "my_pkb_emu_barrier"):
+        assert pattern.search(name), name
+
+
+def test_a_replay_that_never_finishes_is_counted_again_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that waits on its peer hangs ncu's replayed passes (one H200, 2026-12-02): the set gets a share of
+    the budget, then the one-pass metrics are collected, and what only a replay gives is named with why."""
+    calls: list[tuple[str, tuple[str, ...], float]] = []
+    started = time.monotonic()
+
+    def one_run(ncu, problem, candidate, name, metrics, *, deadline, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append((name, tuple(metrics), deadline - started))
+        if name == "agent":
+            return nsight.NcuRun(name, list(metrics), [], "timeout", message="ranks [0] did not finish"), [], set()
+        rows = [{"kernel": "all_gather_pull", **{m: 2.0 for m in metrics}}]
+        return nsight.NcuRun(name, list(metrics), [], "collected", passes={"all_gather_pull": 1}), rows, set(metrics)
+
+    monkeypatch.setattr(nsight, "_one_run", one_run)
+    monkeypatch.setattr(nsight, "ncu_path", lambda: "/usr/bin/ncu")
+    report = nsight.collect(SimpleNamespace(loader_spec="x"), None, world_size=2, device="cuda", shape="small",
+                            metrics=list(nsight.AGENT_SETS), budget_s=100.0, ranks_per_gpu=2)
+    assert [c[0] for c in calls] == ["agent", "agent-one-pass"]
+    assert calls[0][2] <= 100.0 * nsight.REPLAY_SHARE + 1.0 < calls[1][2]  # the one-pass run keeps the rest
+    assert calls[1][1] == nsight.ONE_PASS
+    assert [r.status for r in report.runs] == ["timeout", "collected"] and report.status == "partial"
+    assert nsight.DURATION not in report.missing and "dram__bytes_read.sum" not in report.missing
+    assert "never finished" in report.missing[nsight.stall_metric("long_scoreboard")]
+    assert any("one pass" in n for n in report.notes) and any("pkb_emu_barrier" in n for n in report.notes)
+    without = nsight.collect(SimpleNamespace(loader_spec="x"), None, world_size=2, device="cuda", shape="small",
+                             metrics=list(nsight.AGENT_SETS), budget_s=100.0, one_pass=False)
+    assert [r.status for r in without.runs] == ["timeout"] and without.status == "not_collected"
+    assert not any("pkb_emu" in n for n in without.notes)  # one rank per GPU: no emulation kernels to leave out
 
 
 def test_collect_says_why_nothing_was_collected(monkeypatch):
@@ -296,7 +340,7 @@ FAKE_NCU = textwrap.dedent('''\
     with open(os.environ["PKB_TEST_FAKE_NCU_ARGS"], "a") as f:
         f.write(json.dumps(args) + "\\n")
     valued = {{"--target-processes", "--replay-mode", "--cache-control", "--clock-control", "--profile-from-start",
-              "--launch-count", "--metrics", "--export"}}
+              "--launch-count", "--kernel-name-base", "--kernel-name", "--metrics", "--export"}}
     i = 0
     while i < len(args) and args[i].startswith("--"):
         i += 2 if args[i] in valued else 1
