@@ -402,7 +402,10 @@ def copy_tree_out(source: Folder, dest: Path, *, max_bytes: int, max_files: int,
     """Copy the tree under `source` (a folder a candidate could write) to the new folder `dest` (the
     trusted side's): regular files and folders only; a link, FIFO or device anywhere is Planted, more than
     `max_bytes` or `max_files` TooLarge. `skip(name)` leaves entries out by name; `transform` rewrites each
-    file's bytes (redaction). Returns the bytes copied."""
+    file's bytes (redaction). Each copy keeps its file's times: ninja's dependency log records every
+    object's mtime, and a build folder copied with new times was rebuilt in full by the first call that
+    loaded it (58-68 s per PKB candidate, inside the GPU lease: one H200, 2026-12-02). Returns the bytes
+    copied."""
     total, files = 0, 0
 
     def copy(folder: Folder, target: Path, depth: int) -> None:
@@ -432,6 +435,8 @@ def copy_tree_out(source: Folder, dest: Path, *, max_bytes: int, max_files: int,
                             view = memoryview(transform(_read_fd(fd, size)))
                             while view:
                                 view = view[os.write(out, view):]
+                        times = os.fstat(fd)
+                        os.utime(out, ns=(times.st_atime_ns, times.st_mtime_ns))
                     finally:
                         os.close(out)
                 finally:

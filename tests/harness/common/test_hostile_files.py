@@ -128,6 +128,21 @@ def test_a_tree_is_copied_out_file_by_file_or_refused_whole(tmp_path, scratch):
         copy_tree_out(ext, tmp_path / "copy3", max_bytes=1 << 20, max_files=10)
 
 
+def test_a_copied_tree_keeps_its_files_times(tmp_path, scratch):
+    """ninja's dependency log holds each object's mtime: a build folder copied with new times is rebuilt."""
+    folder, path, _ = scratch
+    (path / "ext").mkdir()
+    for name, when in (("main.o", 1_700_000_000_123_456_789), ("main.cpp", 1_600_000_000_000_000_001)):
+        (path / "ext" / name).write_bytes(b"x")
+        os.utime(path / "ext" / name, ns=(when, when))
+    with folder.sub("ext") as ext:
+        copy_tree_out(ext, tmp_path / "copy", max_bytes=100, max_files=10)
+        copy_tree_out(ext, tmp_path / "redacted", max_bytes=100, max_files=10, transform=lambda b: b + b"!")
+    for copy in ("copy", "redacted"):
+        assert (tmp_path / copy / "main.o").stat().st_mtime_ns == 1_700_000_000_123_456_789
+        assert (tmp_path / copy / "main.cpp").stat().st_mtime_ns == 1_600_000_000_000_000_001
+
+
 def test_replace_file_replaces_a_planted_link_never_writes_through_it(tmp_path):
     target = tmp_path / "outside.txt"
     target.write_text("keep\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.common.hostile_files import Folder, copy_tree_out
 from harness.common.paths import REPO_ROOT
 from harness.compiling import builds
 from harness.compiling.compile import parse_report
@@ -165,6 +166,18 @@ def test_precompile_builds_the_lazy_extension_into_the_cache_the_first_call_hits
     run = subprocess.run([sys.executable, "-c", first_call], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "[3.0, 3.0]", run.stderr
     assert library.stat().st_mtime_ns == stamp  # loaded from the cache, not rebuilt
+    assert (extensions / "pkb_fixture_scaled_copy" / ".ninja_log").read_text() == log
+    # The ranks load a copy of the cache entry (compile.private_copy) at the same path. ninja's dependency
+    # log holds each object's mtime, so a copy with new times was rebuilt in full by the first call: 58-68 s
+    # per PKB candidate on one H200, 2026-12-02. The copy keeps the times, and the call builds nothing.
+    aside = tmp_path / "entry"
+    extensions.rename(aside)
+    with Folder.open(aside) as entry:
+        copy_tree_out(entry, extensions, max_bytes=1 << 30, max_files=1000)
+    stamp = library.stat().st_mtime_ns
+    run = subprocess.run([sys.executable, "-c", first_call], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip() == "[3.0, 3.0]", run.stderr
+    assert library.stat().st_mtime_ns == stamp, "the copied build was rebuilt"
     assert (extensions / "pkb_fixture_scaled_copy" / ".ninja_log").read_text() == log
 
 
