@@ -4,7 +4,8 @@ Every evaluation goes through an Executor (agent.executors): on this node a Loca
 DeviceScheduler, which builds native code before it takes the devices (a GPU never waits on a compiler)
 and runs the harness inside a lease; with Ray, a task on a node. What it held is counted one way,
 agent.executors.request.device_seconds. An `infra_error` (the harness's or the machine's failure, never
-the model's) is tried again, up to INFRA_ATTEMPTS in all, with the same request.
+the model's) is tried again, up to INFRA_ATTEMPTS in all, with the same request, unless its cause lasts
+(harness.common.failures.LASTING_INFRA_CAUSES: the machine lacks something, the emulation refused an API).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class Scored:
 
 def score(attempt: Callable[[], EvalResult], *, log: Any = None, event: str = "scoring_infra_error",
           **context: Any) -> Scored:
-    """`attempt()` (one evaluation through an executor) until its verdict is not infra_error, at most
-    INFRA_ATTEMPTS times; each retry is logged as `event` with `context`."""
+    """`attempt()` (one evaluation through an executor) until its verdict is not infra_error or its infra
+    cause lasts, at most INFRA_ATTEMPTS times; each infra_error is logged as `event` with `context`."""
     started = time.perf_counter()
     gpu_s = 0.0
     result: EvalResult | None = None
@@ -45,5 +46,7 @@ def score(attempt: Callable[[], EvalResult], *, log: Any = None, event: str = "s
         if log is not None:
             log.warning(event, attempt=attempts, attempts=INFRA_ATTEMPTS,
                         message=result.failure.message if result.failure else "", **context)
+        if result.failure is not None and result.failure.infra_cause in failures.LASTING_INFRA_CAUSES:
+            break
     assert result is not None
     return Scored(result, attempts, time.perf_counter() - started, gpu_s)

@@ -28,6 +28,9 @@ INFRA_CAUSES = {
     "harness": "the harness failed before any candidate code or artifact was involved",
     "executor": "the executor lost the evaluation (a Ray worker or node died; retries ran out)",
 }
+# Causes that the same request meets again on this machine: trying again only holds the devices longer (a
+# multicast refusal was tried three times, about a minute of the only GPU each: one H200, 2026-12-02).
+LASTING_INFRA_CAUSES = frozenset({"environment", "sandbox", "emulation"})
 
 # PKB's figure names the same classes differently; reports use these labels.
 PKB_LABELS = {

@@ -50,3 +50,26 @@ def test_a_model_failure_is_never_retried():
 
     scored = scoring.score(attempt)
     assert len(calls) == 1 and scored.attempts == 1 and scored.result.verdict == failures.RUNTIME_ERROR
+
+
+@pytest.mark.parametrize("cause", sorted(failures.LASTING_INFRA_CAUSES))
+def test_an_infra_error_whose_cause_lasts_is_not_tried_again(cause: str):
+    """The emulation refusing multicast, a missing package: the same request meets it again (2026-12-02, one
+    H200: a multicast refusal tried three times held the only GPU about a minute each)."""
+    calls = []
+
+    def attempt() -> EvalResult:
+        calls.append(1)
+        lasting = result(failures.INFRA_ERROR, 1.0)
+        assert lasting.failure is not None
+        lasting.failure.infra_cause = cause
+        return lasting
+
+    log = Log()
+    scored = scoring.score(attempt, log=log)
+    assert len(calls) == 1 and scored.attempts == 1 and scored.result.failure is not None
+    assert scored.result.failure.infra_cause == cause and len(log.warnings) == 1
+
+
+def test_every_lasting_cause_is_a_known_cause():
+    assert failures.LASTING_INFRA_CAUSES <= set(failures.INFRA_CAUSES)
