@@ -40,12 +40,13 @@ from tools import profile as profile_tool  # noqa: E402
 from tools.base import ToolContext  # noqa: E402
 from tools.dispatch import run_tool  # noqa: E402
 
-# On one GPU (2026-12-02, docs/profiling.md) only the one-shot all-reduce's replayed passes finish: kernels that
-# wait on their peer (the reduce-scatter and all-gather pulls, the RMSNorm one-shot, the emulation's barrier)
-# did not within the 120 s Nsight budget. The copy-engine two-shot is kept as the second: its local `sum_slots`
-# kernel waits on nobody, and counting it is the next step (leave waiting kernels out of the replay).
+# On one GPU (2026-12-02, docs/profiling.md): the one-shot all-reduce survives ncu's replay; the copy-engine two-shot
+# does once the emulation's barrier kernels are left out of the profile (harness.measure.ncu.NOT_PROFILED); the
+# pull all-gather waits on its peer inside its own kernel, so its replay never finishes and the tool counts it
+# again in one pass (harness.measure.ncu.ONE_PASS).
 EXPERTS = [("all_reduce", "problems/collective/solutions/all_reduce__one_shot.py"),
-           ("all_reduce", "problems/collective/solutions/all_reduce__two_shot_copy_engine.py")]
+           ("all_reduce", "problems/collective/solutions/all_reduce__two_shot_copy_engine.py"),
+           ("all_gather", "problems/collective/solutions/all_gather__pull.py")]
 DRY_CANDIDATE = ("all_reduce", "tests/candidates/correct_all_gather_sum.py")  # PyTorch only: runs on CPU
 
 

@@ -222,3 +222,29 @@ def test_a_one_pass_answer_names_each_reason_and_the_note() -> None:
     assert len(not_read) == 2 and "NVLink sent" in not_read[0] and "not readable here" in not_read[0]
     assert "SM throughput %, memory throughput %, stall reasons: not collected: ncu's replayed" in not_read[1]
     assert "  note: counted in one pass (no replay): a kernel waits on its peer" in text
+
+
+def test_the_recorded_two_shot_export_has_only_the_candidates_kernel() -> None:
+    """One H200, 2026-12-02 (copy-engine two-shot all-reduce, W=2 sharing the GPU): with the emulation's barrier
+    kernels left out by ncu's filter, the replay finished and its own reduction kernel was counted whole."""
+    rows, present = ncu.parse_raw_csv((FIXTURES / "ncu" / "recorded_all_reduce__two_shot_copy_engine.csv").read_text(),
+                                      ncu.METRIC_SETS["agent"])
+    assert {r["kernel"] for r in rows} == {"sum_slots"} and not any(r["kernel"] in ncu.NOT_PROFILED for r in rows)
+    report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="partial")
+    report.kernels, report.per_call = ncu.aggregate(rows, list(ncu.METRIC_SETS["agent"]), 2)
+    (top,) = ncu.summarize_kernels(report, hbm=ncu.Ceiling(4.8e12, "datasheet"), link=LINK)
+    assert top.us_per_call == pytest.approx(26.368) and top.dram_fraction == pytest.approx(0.698, abs=0.001)
+    assert top.sm_pct == pytest.approx(42.69, abs=0.01) and top.stalls[0][0] == "long_scoreboard"
+
+
+def test_the_recorded_one_pass_export_has_time_and_dram_and_nothing_replayed() -> None:
+    """One H200, 2026-12-02 (pull all-gather): the one-pass run after the replay hung. Time and DRAM are there,
+    SM throughput and stalls (which need passes) are not; the time includes the kernel's wait for its peer."""
+    rows, present = ncu.parse_raw_csv((FIXTURES / "ncu" / "recorded_all_gather__pull__one_pass.csv").read_text(),
+                                      ncu.METRIC_SETS["agent"])
+    assert present == set(ncu.ONE_PASS) & set(ncu.METRIC_SETS["agent"])
+    report = ncu.NcuReport(rank=0, replay="kernel", calls=2, status="partial")
+    report.kernels, report.per_call = ncu.aggregate(rows, list(ncu.METRIC_SETS["agent"]), 2)
+    (top,) = ncu.summarize_kernels(report, hbm=ncu.Ceiling(4.8e12, "datasheet"), link=LINK)
+    assert top.name == "all_gather_pull" and top.us_per_call == pytest.approx(4094761.616)
+    assert top.dram_bytes_per_s == pytest.approx(52.03e6, rel=1e-3) and top.sm_pct is None and top.stalls == []
