@@ -11,6 +11,7 @@ Run against an older checkout (a `git worktree`) to compare: before 2026-12-02 t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -19,7 +20,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-TREE = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else HERE
+_parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+_parser.add_argument("tree", nargs="?", type=Path, default=HERE, help="a checkout of this project")
+TREE = _parser.parse_args().tree.resolve()
+if not (TREE / "harness" / "evaluate.py").is_file():
+    _parser.error(f"{TREE} is not a checkout of this project (no harness/evaluate.py)")
 sys.path.insert(0, str(TREE))
 os.environ["PKB_CACHE_DIR"] = tempfile.mkdtemp(prefix="pkb-build-reuse-")
 
