@@ -1,4 +1,5 @@
-"""Every reference of a PKB checkout judged against itself under gloo (the reference file as the candidate).
+"""Every reference of a PKB checkout judged against itself on CPU (the reference file as the candidate), the
+ranks on the emulation's host collectives (`pkbhost`, docs/emulation.md), as every CPU evaluation runs them.
 
     python benchmarks/pkb_references.py CHECKOUT [--world-size 2] [--shape small] [--trials 2] [--timing]
         [--problems 1 2 ...] [--memory-gib 8] [--timeout 900] [--json OUT.json] [--markdown OUT.md]
@@ -98,7 +99,8 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, checkout: Pat
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    head = [f"Checkout {checkout} (commit {args.commit or 'unknown'}), world size {args.world_size}, gloo, "
+    head = [f"Checkout {checkout} (commit {args.commit or 'unknown'}), world size {args.world_size}, "
+            "host collectives (pkbhost), "
             f"shape {args.shape!r}, {args.trials} trials, timing {'on' if args.timing else 'off'}, "
             f"{args.memory_gib:g} GiB address space per process.", "",
             "Verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1])), "",
