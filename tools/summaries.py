@@ -8,6 +8,7 @@ what the model sees of it is decided here, in priority order and within a token 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harness.common.kernel_names import short_name
@@ -167,11 +168,9 @@ def nsight_lines(report: ProfileReport) -> list[str]:
              f"{_rate(c.get('hbm_bytes_per_s'))} ({c.get('hbm_source')}), NVLink {_rate(c.get('link_bytes_per_s'))} "
              f"per direction ({c.get('link_source')}); stalls are warps stalled per issue cycle:"]
     lines += [kernel_line(k, explain_stalls=True) for k in report.kernel_summary]
-    reasons: dict[str, list[str]] = {}  # one line per reason: the NVLink counters one GPU lacks, a replay that hung
-    for m, why in ncu.missing.items():
-        name = "stall reasons" if m.startswith(STALL_PREFIX) else NCU_LABELS.get(m, m)
-        if name not in reasons.setdefault(why, []):
-            reasons[why].append(name)
+    # One line per reason: the NVLink counters one GPU lacks, a replay that never finished.
+    reasons = missing_by_reason(ncu.missing, lambda m: "stall reasons" if m.startswith(STALL_PREFIX) else
+                                NCU_LABELS.get(m, m))
     for why, names in list(reasons.items())[:3]:
         more = f" and {len(names) - 6} more" if len(names) > 6 else ""
         lines.append(f"  not read: {', '.join(names[:6])}{more}: {why[:160]}")
@@ -212,9 +211,16 @@ def ncu_lines(report: NcuReport) -> list[str]:
     for k in report.kernels[:4]:
         shown = "; ".join(f"{NCU_LABELS.get(m, m)} {_value(m, v)}" for m, v in k.metrics.items() if v is not None)
         lines.append(f"ncu kernel {k.name[:60]} x{k.launches}: {shown}")
-    if report.missing:
-        reasons: dict[str, list[str]] = {}
-        for m, why in report.missing.items():
-            reasons.setdefault(why, []).append(NCU_LABELS.get(m, m))
-        lines.extend(f"ncu not collected: {', '.join(names)}: {why}" for why, names in reasons.items())
+    reasons = missing_by_reason(report.missing, lambda m: NCU_LABELS.get(m, m))
+    lines.extend(f"ncu not collected: {', '.join(names)}: {why}" for why, names in reasons.items())
     return lines
+
+
+def missing_by_reason(missing: dict[str, str], label: Callable[[str], str]) -> dict[str, list[str]]:
+    """Metrics not collected, grouped by why: reason -> their labels (each once, in the report's order)."""
+    reasons: dict[str, list[str]] = {}
+    for metric, why in missing.items():
+        names = reasons.setdefault(why, [])
+        if label(metric) not in names:
+            names.append(label(metric))
+    return reasons
