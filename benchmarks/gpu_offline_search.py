@@ -101,13 +101,16 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from agent.search.archive import Archive
     from agent.search.summary import throughput
+    from harness.emulation.layout import gpus_needed
 
     folder = runs / "offline"
     stats: dict[str, Any] = {}
     verdicts: dict[str, int] = {}
     if (folder / "archive.sqlite").exists():
         archive = Archive(folder / "archive.sqlite")
-        stats = throughput(archive, 2)
+        # One evaluation holds the GPUs its ranks need: both ranks share one GPU here (2026-12-02's figure passed 2
+        # and halved the busy fraction).
+        stats = throughput(archive, gpus_needed(2, 2 if args.device == "cuda" else 1))
         for row in archive.rows(("verdict",)):
             verdicts[str(row["verdict"])] = verdicts.get(str(row["verdict"]), 0) + 1
     record = {"command": command, "exit_code": proc.returncode, "wall_s": round(wall_s, 1), "sm_busy": sm,

@@ -97,9 +97,13 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
         failure = result.get("failure") or {}
         message = str(failure.get("message") or record.get("error") or "")
         stages = result.get("stages") or {}
+        executor = (result.get("environment") or {}).get("executor") or {}
         row = {"file": by_problem.get(record["problem"], ""), "problem": record["problem"],
                "status": record.get("status"), "verdict": record.get("verdict"),
-               "seconds": record.get("wall_s"), "compile_s": stages.get("compile"),
+               "seconds": record.get("wall_s"),
+               # the build happens before the GPU lease (agent.executors.local); the compile stage then hits the cache
+               "compile_s": executor.get("build_before_lease_s", stages.get("compile")),
+               "held_s": executor.get("held_s"),
                "build_in_call_s": stages.get("build_in_call"), "reference_s": stages.get("reference"),
                "reason": message.splitlines()[0][:200] if message else "",
                "reference_cost": (result.get("integrity") or {}).get("reference_cost")}

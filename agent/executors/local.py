@@ -51,18 +51,22 @@ class LocalExecutor:
                 # A GPU never waits on a compiler: native code is built (into the cache the harness's own
                 # compile step reads) before the lease; a build that fails needs no device at all, since
                 # the harness then stops at its compile step before any rank starts.
-                built = True
+                built, build_s = True, None
                 if request.device == "cuda" and self.scheduler is not None:
-                    built = compile_candidate(path, config.limits.compile_s, request.device,
-                                               problem=problem.loader_spec).ok
+                    outcome = compile_candidate(path, config.limits.compile_s, request.device,
+                                                problem=problem.loader_spec)
+                    built, build_s = outcome.ok, round(outcome.seconds, 6)
                 with self._devices() if built else nullcontext(None) as gpus:
                     held = time.perf_counter()
                     result = harness_evaluate(problem, path, world_size=request.world_size, device=request.device,
                                               shape=request.shape, config=config, log_dir=log_dir, gpus=gpus)
                     held = time.perf_counter() - held
-            # How long the devices were held, for agent.executors.request.device_seconds (the stages overlap).
-            result = result.model_copy(update={"environment": {
-                **result.environment, "executor": {"name": self.name, "held_s": round(held, 6)}}})
+            # How long the devices were held, for agent.executors.request.device_seconds (the stages overlap), and
+            # how long the build before the lease took (the harness's own compile stage then finds it cached).
+            executor = {"name": self.name, "held_s": round(held, 6)}
+            if build_s is not None:
+                executor["build_before_lease_s"] = build_s
+            result = result.model_copy(update={"environment": {**result.environment, "executor": executor}})
             return with_candidate_name(result, path, request.candidate_name)
         except Exception as exc:  # the harness's own failure: reported, not raised into the agent loop
             return infra_result(request, f"the harness failed: {type(exc).__name__}: {exc}",

@@ -223,6 +223,35 @@ def test_local_device_calls_run_inside_a_lease(all_reduce, tmp_path):
     assert scheduler.leases == 1
 
 
+def test_on_cuda_the_build_before_the_lease_is_timed_apart_from_the_lease(all_reduce, tmp_path, monkeypatch):
+    """The GPU is taken only after the native build; the result says how long each took (no GPU needed: the
+    build and the harness are stand-ins that record when they ran)."""
+    import agent.executors.local as local
+    from harness.compiling.compile import CompileOutcome
+
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1])
+    order: list[str] = []
+
+    def build(*args: Any, **kwargs: Any) -> CompileOutcome:
+        order.append(f"build, {len(scheduler.in_use)} leases held")
+        return CompileOutcome(True, 12.5)
+
+    def judged(problem: Any, path: Path, **kwargs: Any) -> EvalResult:
+        order.append(f"harness on GPUs {kwargs['gpus']}")
+        return evaluate(all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cpu",
+                        shape="small", config=CONFIG)
+
+    monkeypatch.setattr(local, "compile_candidate", build)
+    monkeypatch.setattr(local, "harness_evaluate", judged)
+    on_cuda = EvalRequest.build(all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cuda",
+                                shape="small", config=CONFIG)
+    result = LocalExecutor(scheduler).evaluate(on_cuda)
+    assert order == ["build, 0 leases held", "harness on GPUs [0, 1]"]
+    executor = result.environment["executor"]
+    assert executor["build_before_lease_s"] == 12.5 and executor["held_s"] > 0
+    assert result.verdict == "correct"
+
+
 def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_reduce, tmp_path, monkeypatch):
     original = CANDIDATES / "runtime_error_rank1.py"
     absent = str(tmp_path / "elsewhere" / "runtime_error_rank1.py")  # no such file here: only the source travels
