@@ -416,6 +416,8 @@ class Runner:
         specs = self.plan()
         summary = RunSummary(run_id=self.run_dir.path.name, total=len(specs))
         self.log, handle = open_event_log(self.run_dir.events)
+        if self.scheduler is not None:  # every lease in events.jsonl: a run stopped mid-way says who queued, who held
+            self.scheduler.listener = lambda event, fields: self.log.info(event, **fields)
         conn = sqlite3.connect(str(self.run_dir.checkpoints), check_same_thread=False)
         self._saver = SqliteSaver(conn, serde=RedactingSerializer())
         self._saver.setup()
@@ -490,6 +492,8 @@ class Runner:
         finally:
             if not left:  # a thread still in a model call may yet write a checkpoint; the process ends anyway
                 conn.close()
+            if self.scheduler is not None:
+                self.scheduler.listener = None
             handle.close()
         return summary
 

@@ -7,14 +7,23 @@ its links with another candidate; fixed groups also keep every candidate of a ru
 pairs. On CPU a lease is a slot of a bounded semaphore, so a 2-core machine does not run five rank
 groups at once and time them all badly. With `ranks_per_gpu` N > 1 (emulation, harness.emulation) a group
 is ceil(W / N) GPUs and the lease names every rank's GPU, N ranks on each (0, 0, 1, 1 for W=4, N=2).
+
+Leases are handed out first come, first served: a long run's last samples are not starved by the ones that
+keep asking. With `shared_evaluations` K > 1 (CUDA, runs without timing only), up to K *shared* leases hold
+the same group at once: an untimed evaluation mostly starts processes while it holds its GPUs (one H200,
+2026-12-02: the lease held for nearly all of a 25-minute replay, the GPU idle at most samples), and a
+neighbour cannot change a verdict that it could not have caused (agent.executors.local judges the others
+again alone). An exclusive lease (a timing, a profile) waits until its group is empty. A lease says whether
+another evaluation held its GPUs at any moment while it did (`overlapped`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -34,6 +43,14 @@ class Lease:
     ranks: int  # the world size the lease serves
     started: float = field(default_factory=time.perf_counter)
     held_s: float = 0.0  # set when the lease is returned
+    waited_s: float = 0.0  # how long the request queued before the lease was granted
+    shared: bool = False  # granted as a shared lease (other untimed evaluations may hold the same group)
+    overlapped: bool = False  # another evaluation held the same group at some moment of this lease
+
+
+# A listener hears every grant and return: (event name, fields); the runner writes them to events.jsonl, so a
+# run stopped mid-way still says which evaluations queued and which held the devices.
+LeaseListener = Callable[[str, dict[str, object]], None]
 
 
 def visible_gpus(env: dict[str, str] | None = None, count: int | None = None) -> list[int]:
@@ -56,14 +73,21 @@ class DeviceScheduler:
     """Leases of W devices. `lease()` blocks until one is free; use it as a context manager."""
 
     def __init__(self, device: str, world_size: int, *, gpus: list[int] | None = None,
-                 cpu_slots: int | None = None, ranks_per_gpu: int = 1) -> None:
+                 cpu_slots: int | None = None, ranks_per_gpu: int = 1, shared_evaluations: int = 1,
+                 listener: LeaseListener | None = None) -> None:
         if world_size < 1:
             raise SchedulerError(f"world size must be at least 1, got {world_size}")
         if ranks_per_gpu < 1:
             raise SchedulerError(f"ranks per GPU must be at least 1, got {ranks_per_gpu}")
+        if shared_evaluations < 1:
+            raise SchedulerError(f"evaluations per GPU must be at least 1, got {shared_evaluations}")
+        if shared_evaluations > 1 and device != "cuda":
+            raise SchedulerError("evaluations share GPUs only on CUDA; on CPU the rank slots are the concurrency")
         self.device = device
         self.world_size = world_size
         self.ranks_per_gpu = ranks_per_gpu
+        self.shared_evaluations = shared_evaluations
+        self.listener = listener
         self._lock = threading.Condition()
         if device == "cuda":
             gpus = visible_gpus() if gpus is None else list(gpus)
@@ -78,29 +102,77 @@ class DeviceScheduler:
             if slots < 1:
                 raise SchedulerError(f"cpu_slots must be at least 1, got {slots}")
             self.groups = [None] * slots  # type: ignore[list-item]
-        self._free = list(range(len(self.groups)))
+        self._holders: list[list[Lease]] = [[] for _ in self.groups]  # live leases per group
+        self._exclusive: set[int] = set()  # groups held by an exclusive lease
+        self._queue: list[int] = []  # tickets of waiting requests, oldest first
+        self._tickets = itertools.count()
         self.in_use: dict[int, list[int] | None] = {}  # group index -> gpus, for tests and the event log
 
     @property
+    def shares(self) -> bool:
+        """Whether untimed evaluations may hold a group together."""
+        return self.shared_evaluations > 1
+
+    @property
     def capacity(self) -> int:
-        """How many evaluations can run at once."""
-        return len(self.groups)
+        """How many evaluations can run at once (shared leases counted: a run that shares times nothing)."""
+        return len(self.groups) * self.shared_evaluations
+
+    def _group_for(self, shared: bool) -> int | None:
+        """The group a request gets now, or None. Shared: the least held group with room (so evaluations share a
+        GPU only when every group holds some); exclusive: the first empty group."""
+        if shared and self.shares:
+            room = [i for i, held in enumerate(self._holders)
+                    if i not in self._exclusive and len(held) < self.shared_evaluations]
+            return min(room, key=lambda i: (len(self._holders[i]), i)) if room else None
+        return next((i for i, held in enumerate(self._holders) if not held), None)
+
+    def _tell(self, event: str, fields: dict[str, object]) -> None:
+        if self.listener is not None:
+            try:
+                self.listener(event, fields)
+            except Exception:  # a log that cannot be written never takes the devices down with it
+                pass
 
     @contextmanager
-    def lease(self) -> Iterator[Lease]:
+    def lease(self, *, shared: bool = False, label: str = "") -> Iterator[Lease]:
+        """A lease of one group, first come first served. `shared`: the evaluation is untimed and may hold the
+        group beside others (only when the scheduler shares); `label` names it to the listener."""
+        shared = shared and self.shares
+        asked = time.perf_counter()
         with self._lock:
-            while not self._free:
-                cancel.check()  # Ctrl-C: a sample waiting for devices never gets them
-                self._lock.wait(timeout=CANCEL_POLL_S)
-            index = self._free.pop(0)
+            ticket = next(self._tickets)
+            self._queue.append(ticket)
+            try:
+                while self._queue[0] != ticket or (index := self._group_for(shared)) is None:
+                    cancel.check()  # Ctrl-C: a sample waiting for devices never gets them
+                    self._lock.wait(timeout=CANCEL_POLL_S)
+            finally:
+                self._queue.remove(ticket)
+                self._lock.notify_all()  # the next in line looks again
+            lease = Lease(gpus=None if self.groups[index] is None else list(self.groups[index]),
+                          ranks=self.world_size, waited_s=time.perf_counter() - asked, shared=shared)
+            neighbours = self._holders[index]
+            for other in neighbours:
+                other.overlapped = True
+            lease.overlapped = bool(neighbours)
+            neighbours.append(lease)
+            if not shared:
+                self._exclusive.add(index)
             self.in_use[index] = self.groups[index]
-        lease = Lease(gpus=None if self.groups[index] is None else list(self.groups[index]), ranks=self.world_size)
+            waiting = len(self._queue)
+        self._tell("lease_granted", {"label": label, "gpus": lease.gpus, "shared": shared,
+                                     "waited_s": round(lease.waited_s, 3), "holders": len(neighbours),
+                                     "waiting": waiting})
         try:
             yield lease
         finally:
             lease.held_s = time.perf_counter() - lease.started
             with self._lock:
-                del self.in_use[index]
-                self._free.append(index)
-                self._free.sort()
-                self._lock.notify()
+                self._holders[index].remove(lease)
+                self._exclusive.discard(index)
+                if not self._holders[index]:
+                    del self.in_use[index]
+                self._lock.notify_all()
+            self._tell("lease_returned", {"label": label, "gpus": lease.gpus, "shared": shared,
+                                          "held_s": round(lease.held_s, 3), "overlapped": lease.overlapped})

@@ -64,7 +64,7 @@ def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path) -> tuple[flo
                "--no-timing", "--trials", "3", "--concurrency", str(args.concurrency),
                "--runs-dir", str(runs), "--run-id", "replay"]
     if args.device == "cuda":
-        command += ["--ranks-per-gpu", "2"]
+        command += ["--ranks-per-gpu", "2", "--evaluations-per-gpu", str(args.evaluations_per_gpu)]
     print("$", " ".join(command), flush=True)
     started = time.perf_counter()
     log = (args.out / "replay.log").open("wb")
@@ -130,6 +130,7 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
     lines = [f"# Replay of {args.set.name} on one GPU, emulated W = 2", "",
              f"Command wall: {wall_s:.0f} s (budget {args.budget_s:.0f} s, "
              f"{'finished' if finished else 'stopped at the budget'}), concurrency {args.concurrency}, "
+             f"evaluations per GPU {args.evaluations_per_gpu}, "
              f"device {args.device}.", "",
              "| | this run | 2026-12-01 |", "|---|---|---|",
              f"| files finished | {len(done)} of {len(rows)} | {BEFORE['finished']} |",
@@ -158,6 +159,8 @@ def main() -> int:
     parser.add_argument("--set", type=Path, required=True, help="the solution set folder")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--evaluations-per-gpu", type=int, default=1,
+                        help="untimed evaluations that may hold the GPU at once (pkb run's option)")
     parser.add_argument("--budget-s", type=float, default=510.0, help="stop the replay after this many seconds")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run")
     parser.add_argument("--limit", type=int, default=None, help="only the first N files (by number)")

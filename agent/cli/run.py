@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="the tools' seed; the final scoring uses a fresh one "
                    "(default 0)")
     p.add_argument("--no-timing", action="store_true", help="check correctness only (no speedups)")
+    p.add_argument("--evaluations-per-gpu", type=int, default=1,
+                   help="with --no-timing on CUDA: evaluations that may hold the same GPUs at once (default 1); "
+                        "one that shared and ended in a verdict a neighbour could have caused is judged again alone")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the model's)")
     p.add_argument("--max-reply-tokens", type=int, default=None, help="output-token limit of one model reply "
                    "(default: the provider's)")
@@ -121,6 +124,8 @@ def check_args(args: argparse.Namespace) -> None:
     """What the arguments alone show, said before anything heavy is imported (`pkb sweep` checks its cells so)."""
     if args.concurrency < 1:
         raise CliError(f"--concurrency must be at least 1, got {args.concurrency}")
+    if args.evaluations_per_gpu < 1:
+        raise CliError(f"--evaluations-per-gpu must be at least 1, got {args.evaluations_per_gpu}")
     if args.model_retries < 1:
         raise CliError(f"--model-retries must be at least 1, got {args.model_retries}")
     if args.resume and not args.run_id:

@@ -62,12 +62,20 @@ def _select_problems(config: RunConfig, selection: Sequence[str] | None, replay_
     return usable, [p.name for p in chosen if p not in usable], replay
 
 
-def check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler | None:
+def check_device(config: RunConfig, executor: str = "local", evaluations_per_gpu: int = 1) -> DeviceScheduler | None:
     """This node's scheduler; None for a Ray run, whose driver needs no devices (the cluster is checked when the
-    executor is built)."""
+    executor is built). `evaluations_per_gpu` > 1: untimed evaluations may share the GPUs (the stored run's
+    --no-timing decides, so a resumed run is checked as well)."""
     if config.world_size < 1:
         raise CliError(f"--world-size must be at least 1, got {config.world_size}")
     emulation.check(config.device, config.world_size, config.ranks_per_gpu)
+    if evaluations_per_gpu > 1:
+        if not config.skip_timing:
+            raise CliError("--evaluations-per-gpu needs --no-timing: a timing never shares its GPUs")
+        if config.device != "cuda":
+            raise CliError("--evaluations-per-gpu needs --device cuda (on CPU the rank slots are the concurrency)")
+        if executor != "local":
+            raise CliError("--evaluations-per-gpu shares this machine's GPUs: leave --executor at local")
     if executor != "local":
         if layout.is_emulated(config.ranks_per_gpu):
             raise CliError("--ranks-per-gpu runs on this machine's GPUs: leave --executor at local")
@@ -76,7 +84,8 @@ def check_device(config: RunConfig, executor: str = "local") -> DeviceScheduler 
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
     try:
-        return DeviceScheduler(config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu)
+        return DeviceScheduler(config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu,
+                               shared_evaluations=evaluations_per_gpu)
     except SchedulerError as err:
         raise CliError(str(err)) from None
 
@@ -142,7 +151,7 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
     replay_dir = Path(spec.name) if spec.provider == "replay" else None
     problems, skipped, replay = _select_problems(config, args.problems, replay_dir)
     config = config.model_copy(update={"problems": [p.name for p in problems]})
-    scheduler = check_device(config, args.executor)
+    scheduler = check_device(config, args.executor, args.evaluations_per_gpu)
     prices = check_model(config)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
     executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)

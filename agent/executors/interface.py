@@ -32,9 +32,11 @@ class Executor(Protocol):
 
 
 class Scheduler(Protocol):
-    """What LocalExecutor needs of agent.scheduler.DeviceScheduler."""
+    """What LocalExecutor needs of agent.scheduler.DeviceScheduler: a lease (exclusive unless `shared`, which
+    only an untimed evaluation asks for and only a scheduler whose `shares` is true grants); `label` names it
+    in the scheduler's events."""
 
-    def lease(self) -> Any: ...
+    def lease(self, *, shared: bool = False, label: str = "") -> Any: ...
 
 
 

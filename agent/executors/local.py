@@ -19,7 +19,9 @@ from agent.executors.request import (
     with_candidate_name,
     with_gpus,
 )
+from harness.common import failures
 from harness.compiling.compile import compile_candidate
+from harness.config import EvalConfig
 from harness.evaluate import evaluate as harness_evaluate
 from harness.records.results import EvalResult
 
@@ -35,18 +37,25 @@ class LocalExecutor:
         self.scheduler = scheduler
 
     @contextmanager
-    def _devices(self) -> Iterator[list[int] | None]:
+    def _devices(self, *, shared: bool = False, label: str = "") -> Iterator[tuple[list[int] | None, Any]]:
+        """(GPUs, the lease) of a lease of the scheduler; (None, None) without one."""
         if self.scheduler is None:
-            yield None
+            yield None, None
             return
-        with self.scheduler.lease() as lease:
-            yield getattr(lease, "gpus", lease)  # a Lease, or a scheduler that yields the GPU list itself
+        kwargs = {"shared": True, "label": label} if shared else {"label": label}
+        with self.scheduler.lease(**kwargs) as lease:
+            yield getattr(lease, "gpus", lease), lease  # a Lease, or a scheduler that yields the GPU list itself
+
+    def _shares(self, config: EvalConfig) -> bool:
+        """Untimed evaluations may hold the GPUs beside others when the scheduler allows it."""
+        return config.skip_timing and bool(getattr(self.scheduler, "shares", False))
 
     def evaluate(self, request: EvalRequest) -> EvalResult:
         try:
             problem = problem_for(request.problem_spec)
             config = request.eval_config()
             log_dir = Path(request.log_dir) if request.log_dir else None
+            label = f"{problem.name} {request.shape}"
             with candidate_file(request) as path:
                 # A GPU never waits on a compiler: native code is built (into the cache the harness's own
                 # compile step reads) before the lease; a build that fails needs no device at all, since
@@ -56,14 +65,31 @@ class LocalExecutor:
                     outcome = compile_candidate(path, config.limits.compile_s, request.device,
                                                 problem=problem.loader_spec)
                     built, build_s = outcome.ok, round(outcome.seconds, 6)
-                with self._devices() if built else nullcontext(None) as gpus:
-                    held = time.perf_counter()
-                    result = harness_evaluate(problem, path, world_size=request.world_size, device=request.device,
-                                              shape=request.shape, config=config, log_dir=log_dir, gpus=gpus)
-                    held = time.perf_counter() - held
-            # How long the devices were held, for agent.executors.request.device_seconds (the stages overlap), and
-            # how long the build before the lease took (the harness's own compile stage then finds it cached).
-            executor = {"name": self.name, "held_s": round(held, 6)}
+
+                def judge(shared: bool) -> tuple[EvalResult, float, bool]:
+                    """One evaluation: its result, the seconds it held the devices (0 without a lease), and
+                    whether another evaluation held them too at some moment."""
+                    with self._devices(shared=shared, label=label) if built else nullcontext((None, None)) as (
+                            gpus, lease):
+                        held = time.perf_counter()
+                        result = harness_evaluate(problem, path, world_size=request.world_size,
+                                                  device=request.device, shape=request.shape, config=config,
+                                                  log_dir=log_dir, gpus=gpus)
+                        held = time.perf_counter() - held if lease is not None or self.scheduler is None else 0.0
+                    return result, held, bool(getattr(lease, "overlapped", False))
+
+                result, held, overlapped = judge(self._shares(config))
+                # How long the devices were held, for agent.executors.request.device_seconds (the stages
+                # overlap), and how long the build before the lease took (the compile stage then finds it cached).
+                executor: dict[str, Any] = {"name": self.name, "held_s": round(held, 6)}
+                if overlapped:
+                    executor["shared"] = True
+                    if result.verdict not in failures.STANDS_WHEN_SHARED:
+                        # A neighbour may have caused it (memory, a slowed rank, a race's interleaving): the
+                        # verdict that counts is the one this candidate earns alone.
+                        first = result.verdict
+                        result, alone, _ = judge(False)
+                        executor.update(held_s=round(held + alone, 6), judged_again_alone=first)
             if build_s is not None:
                 executor["build_before_lease_s"] = build_s
             result = result.model_copy(update={"environment": {**result.environment, "executor": executor}})
@@ -76,7 +102,7 @@ class LocalExecutor:
                        **kwargs: Any) -> Any:
         """fn(*args, **kwargs) inside a lease (a harness function that needs W devices: a profile, a trace),
         with `gpus=` the lease's GPUs where fn takes it."""
-        with self._devices() as gpus:
+        with self._devices(label=getattr(fn, "__name__", "")) as (gpus, _):
             return fn(*args, **with_gpus(fn, kwargs, gpus))
 
     def evaluate_many(self, requests: Sequence[EvalRequest]) -> list[EvalResult]:

@@ -32,6 +32,12 @@ INFRA_CAUSES = {
 # multicast refusal was tried three times, about a minute of the only GPU each: one H200, 2026-12-02).
 LASTING_INFRA_CAUSES = frozenset({"environment", "sandbox", "emulation"})
 
+# Verdicts another evaluation on the same GPU cannot have brought about: a neighbour can slow a rank, take its
+# memory or change which interleaving a race meets, but not make a wrong output right, a shape wrong or an API
+# missing. An untimed evaluation that shared its GPU and ended otherwise is judged again alone
+# (agent.executors.local), so a verdict never depends on the neighbours.
+STANDS_WHEN_SHARED = frozenset({CORRECT, SHAPE_MISMATCH, API_ERROR, COMPILE_ERROR})
+
 # PKB's figure names the same classes differently; reports use these labels.
 PKB_LABELS = {
     COMPILE_ERROR: "nvcc/syntax",

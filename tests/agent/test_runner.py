@@ -56,6 +56,12 @@ def test_run_directory_layout_events_and_skipping_finished_samples(tmp_path):
     names = [e["event"] for e in events]
     assert names[0] == "run_started" and names[-1] == "run_finished" and names.count("sample_finished") == 4
     assert all("timestamp" in e and "level" in e for e in events)
+    # every lease the final scorings took, granted and returned, named by problem and shape
+    granted = [e for e in events if e["event"] == "lease_granted"]
+    assert len(granted) == names.count("lease_returned") == 4
+    assert sorted(e["label"] for e in granted) == ["all_gather small"] * 2 + ["all_reduce small"] * 2
+    assert all(e["waited_s"] >= 0 and e["shared"] is False for e in granted)
+    assert runner.scheduler is not None and runner.scheduler.listener is None  # let go when the run ended
     finished = [e for e in events if e["event"] == "sample_finished"]
     assert {(e["problem"], e["sample"]) for e in finished} == {(p, k) for p in ("all_reduce", "all_gather")
                                                                for k in (0, 1)}

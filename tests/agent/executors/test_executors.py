@@ -176,8 +176,8 @@ class CountingScheduler:
         self.leases = 0
 
     @contextmanager
-    def lease(self) -> Iterator[Any]:
-        with self.inner.lease() as lease:
+    def lease(self, **kwargs: Any) -> Iterator[Any]:
+        with self.inner.lease(**kwargs) as lease:
             self.leases += 1
             yield lease
 
@@ -250,6 +250,82 @@ def test_on_cuda_the_build_before_the_lease_is_timed_apart_from_the_lease(all_re
     executor = result.environment["executor"]
     assert executor["build_before_lease_s"] == 12.5 and executor["held_s"] > 0
     assert result.verdict == "correct"
+
+
+def test_an_untimed_evaluation_that_shared_its_gpu_is_judged_again_alone_unless_its_verdict_stands(
+        all_reduce, tmp_path, monkeypatch):
+    """Two untimed evaluations hold one GPU together. The one that ended in a verdict a neighbour could have
+    caused (runtime_error: an out-of-memory, say) is judged again with the GPU to itself, and that verdict
+    counts; the correct one stands. A timed evaluation never shares."""
+    import agent.executors.local as local
+    from harness.compiling.compile import CompileOutcome
+    from harness.records.results import CandidateInfo, Failure
+
+    heard: list[tuple[str, dict[str, object]]] = []
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=2,
+                                listener=lambda event, fields: heard.append((event, dict(fields))))
+    both_inside = threading.Barrier(2, timeout=10)
+    calls: dict[str, int] = {}
+
+    def judged(problem: Any, path: Path, **kwargs: Any) -> EvalResult:
+        name = path.read_text().strip()
+        calls[name] = calls.get(name, 0) + 1
+        if calls[name] == 1 and name in ("flaky", "steady"):
+            both_inside.wait()  # the two first evaluations hold the GPU at the same moment
+        verdict = "runtime_error" if name == "flaky" and calls[name] == 1 else "correct"
+        failure = None if verdict == "correct" else Failure(verdict=verdict, message="CUDA out of memory")
+        return EvalResult(problem="all_reduce", category="collective", shape="small", world_size=2, device="cuda",
+                          candidate=CandidateInfo(path=str(path), sha256="0" * 64), verdict=verdict,
+                          correct=verdict == "correct", failure=failure, seed=0, trials=2)
+
+    monkeypatch.setattr(local, "compile_candidate", lambda *a, **k: CompileOutcome(True, 1.0))
+    monkeypatch.setattr(local, "harness_evaluate", judged)
+    untimed = CONFIG.model_copy(update={"skip_timing": True})
+
+    def request_for(name: str, config: EvalConfig = untimed) -> EvalRequest:
+        source = tmp_path / f"{name}.py"
+        source.write_text(name + "\n")
+        return EvalRequest.build(all_reduce, source, world_size=2, device="cuda", shape="small", config=config)
+
+    executor = LocalExecutor(scheduler)
+    assert executor.capacity() == 2
+    flaky, steady = executor.evaluate_many([request_for("flaky"), request_for("steady")])
+    assert flaky.verdict == "correct" and calls["flaky"] == 2
+    assert flaky.environment["executor"]["judged_again_alone"] == "runtime_error"
+    assert flaky.environment["executor"]["shared"] is True
+    assert steady.verdict == "correct" and calls["steady"] == 1
+    assert "judged_again_alone" not in steady.environment["executor"] and steady.environment["executor"]["shared"]
+    granted = [f["shared"] for e, f in heard if e == "lease_granted"]
+    assert granted == [True, True, False]  # the second judgement of `flaky` held the GPU alone
+    assert [f["label"] for e, f in heard if e == "lease_granted"] == ["all_reduce small"] * 3
+
+    heard.clear()
+    timed = executor.evaluate(request_for("timed", CONFIG))
+    assert timed.verdict == "correct" and "shared" not in timed.environment["executor"]
+    assert [f["shared"] for e, f in heard if e == "lease_granted"] == [False]
+
+
+def test_a_build_that_fails_before_the_lease_holds_no_device(all_reduce, tmp_path, monkeypatch):
+    """No lease is taken for a candidate whose build failed, so it is charged no device seconds (the harness's
+    compile stage that reports the failure runs without devices)."""
+    import agent.executors.local as local
+    from harness.compiling.compile import CompileOutcome
+
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1])
+    monkeypatch.setattr(local, "compile_candidate", lambda *a, **k: CompileOutcome(False, 3.0, "compile_error", "no"))
+
+    def judged(problem: Any, path: Path, **kwargs: Any) -> EvalResult:
+        assert kwargs["gpus"] is None and scheduler.in_use == {}
+        time.sleep(0.05)  # the harness's own compile stage, failing again
+        return evaluate(all_reduce, CANDIDATES / "compile_error_syntax.py", world_size=2, device="cpu",
+                        shape="small", config=CONFIG)
+
+    monkeypatch.setattr(local, "harness_evaluate", judged)
+    result = LocalExecutor(scheduler).evaluate(EvalRequest.build(
+        all_reduce, CANDIDATES / "compile_error_syntax.py", world_size=2, device="cuda", shape="small", config=CONFIG))
+    assert result.verdict == "compile_error"
+    assert result.environment["executor"]["held_s"] == 0.0 and device_seconds(result) == 0.0
+    assert result.environment["executor"]["build_before_lease_s"] == 3.0
 
 
 def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_reduce, tmp_path, monkeypatch):

@@ -270,8 +270,11 @@ def test_no_lease_is_held_while_a_model_runs_and_the_two_overlap(tmp_path: Path,
     original = scheduler.lease
 
     class Tracked:
+        def __init__(self, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+
         def __enter__(self) -> Any:
-            self.inner = original()
+            self.inner = original(**self.kwargs)
             lease = self.inner.__enter__()
             holders.add(threading.get_ident())
             return lease
@@ -280,7 +283,7 @@ def test_no_lease_is_held_while_a_model_runs_and_the_two_overlap(tmp_path: Path,
             holders.discard(threading.get_ident())
             self.inner.__exit__(*exc)
 
-    monkeypatch.setattr(scheduler, "lease", lambda: Tracked())
+    monkeypatch.setattr(scheduler, "lease", lambda **kwargs: Tracked(**kwargs))
 
     def slow_fake(problem: Problem, path: Path, **kw: Any) -> Any:
         time.sleep(0.02)
