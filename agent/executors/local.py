@@ -84,7 +84,8 @@ class LocalExecutor:
                 executor: dict[str, Any] = {"name": self.name, "held_s": round(held, 6)}
                 if overlapped:
                     executor["shared"] = True
-                    if result.verdict not in failures.STANDS_WHEN_SHARED:
+                    cause = result.failure.infra_cause if result.failure is not None else None
+                    if not failures.stands_when_shared(result.verdict, cause):
                         # A neighbour may have caused it (memory, a slowed rank, a race's interleaving): the
                         # verdict that counts is the one this candidate earns alone.
                         first = result.verdict

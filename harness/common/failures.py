@@ -34,9 +34,17 @@ LASTING_INFRA_CAUSES = frozenset({"environment", "sandbox", "emulation"})
 
 # Verdicts another evaluation on the same GPU cannot have brought about: a neighbour can slow a rank, take its
 # memory or change which interleaving a race meets, but not make a wrong output right, a shape wrong or an API
-# missing. An untimed evaluation that shared its GPU and ended otherwise is judged again alone
-# (agent.executors.local), so a verdict never depends on the neighbours.
-STANDS_WHEN_SHARED = frozenset({CORRECT, SHAPE_MISMATCH, API_ERROR, COMPILE_ERROR})
+# missing, nor bring about a lasting infra cause (the source names a refused API; a package is missing). An
+# untimed evaluation that shared its GPU and ended otherwise is judged again alone (agent.executors.local), so
+# a verdict never depends on the neighbours. A compile_error inside a lease came from a build in a rank (the
+# build before the lease takes no lease), which a neighbour's load could have stopped: judged again.
+STANDS_WHEN_SHARED = frozenset({CORRECT, SHAPE_MISMATCH, API_ERROR})
+
+
+def stands_when_shared(verdict: str, infra_cause: str | None = None) -> bool:
+    """Whether a verdict reached while other evaluations shared the GPU counts as it is."""
+    return verdict in STANDS_WHEN_SHARED or (verdict == INFRA_ERROR and infra_cause in LASTING_INFRA_CAUSES)
+
 
 # PKB's figure names the same classes differently; reports use these labels.
 PKB_LABELS = {

@@ -54,7 +54,7 @@ def test_leases_are_granted_in_the_order_they_were_asked_for():
 def test_untimed_evaluations_share_a_group_up_to_the_limit_and_say_so():
     scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=3)
     assert scheduler.shares and scheduler.capacity == 3
-    release, seen = threading.Event(), []
+    release, seen = threading.Event(), list[Any]()
     threads = [hold(scheduler, release, seen, shared=True) for _ in range(4)]
     wait_for(lambda: len(seen) == 3)
     time.sleep(0.1)
@@ -79,10 +79,10 @@ def test_a_shared_lease_alone_on_its_group_did_not_overlap():
 
 def test_an_exclusive_lease_waits_for_its_group_to_empty_and_holds_it_alone():
     scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1], shared_evaluations=2)
-    release_shared, seen = threading.Event(), []
+    release_shared, seen = threading.Event(), list[Any]()
     hold(scheduler, release_shared, seen, shared=True)
     wait_for(lambda: len(seen) == 1)
-    release_exclusive, exclusive = threading.Event(), []
+    release_exclusive, exclusive = threading.Event(), list[Any]()
     hold(scheduler, release_exclusive, exclusive)
     wait_for(lambda: len(scheduler._queue) == 1)
     late: list[Any] = []
@@ -152,7 +152,7 @@ def test_pkb_run_shares_gpus_only_for_untimed_local_cuda_runs(monkeypatch):
         run_session.check_device(untimed.model_copy(update={"device": "cpu"}), "local", 2)
     with pytest.raises(CliError, match="leave --executor at local"):
         run_session.check_device(untimed, "ray", 2)
-    monkeypatch.setattr(run_session.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     scheduler = run_session.check_device(untimed, "local", 3)
     assert scheduler is not None and scheduler.shares and scheduler.capacity == 3 and scheduler.groups == [[0, 1]]

@@ -254,26 +254,31 @@ def test_on_cuda_the_build_before_the_lease_is_timed_apart_from_the_lease(all_re
 
 def test_an_untimed_evaluation_that_shared_its_gpu_is_judged_again_alone_unless_its_verdict_stands(
         all_reduce, tmp_path, monkeypatch):
-    """Two untimed evaluations hold one GPU together. The one that ended in a verdict a neighbour could have
+    """Three untimed evaluations hold one GPU together. The one that ended in a verdict a neighbour could have
     caused (runtime_error: an out-of-memory, say) is judged again with the GPU to itself, and that verdict
-    counts; the correct one stands. A timed evaluation never shares."""
+    counts; the correct one and the multicast refusal (a lasting cause, named by the source) stand. A timed
+    evaluation never shares."""
     import agent.executors.local as local
     from harness.compiling.compile import CompileOutcome
     from harness.records.results import CandidateInfo, Failure
 
     heard: list[tuple[str, dict[str, object]]] = []
-    scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=2,
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=3,
                                 listener=lambda event, fields: heard.append((event, dict(fields))))
-    both_inside = threading.Barrier(2, timeout=10)
+    all_inside = threading.Barrier(3, timeout=10)
     calls: dict[str, int] = {}
+    first_time = {"flaky": ("runtime_error", None), "steady": ("correct", None),
+                  "refused": ("infra_error", "emulation")}
 
     def judged(problem: Any, path: Path, **kwargs: Any) -> EvalResult:
         name = path.read_text().strip()
         calls[name] = calls.get(name, 0) + 1
-        if calls[name] == 1 and name in ("flaky", "steady"):
-            both_inside.wait()  # the two first evaluations hold the GPU at the same moment
-        verdict = "runtime_error" if name == "flaky" and calls[name] == 1 else "correct"
-        failure = None if verdict == "correct" else Failure(verdict=verdict, message="CUDA out of memory")
+        verdict, cause = "correct", None
+        if calls[name] == 1 and name in first_time:
+            all_inside.wait()  # the three first evaluations hold the GPU at the same moment
+            verdict, cause = first_time[name]
+        failure = None if verdict == "correct" else Failure(verdict=verdict, message="refused or out of memory",
+                                                            infra_cause=cause)
         return EvalResult(problem="all_reduce", category="collective", shape="small", world_size=2, device="cuda",
                           candidate=CandidateInfo(path=str(path), sha256="0" * 64), verdict=verdict,
                           correct=verdict == "correct", failure=failure, seed=0, trials=2)
@@ -288,21 +293,37 @@ def test_an_untimed_evaluation_that_shared_its_gpu_is_judged_again_alone_unless_
         return EvalRequest.build(all_reduce, source, world_size=2, device="cuda", shape="small", config=config)
 
     executor = LocalExecutor(scheduler)
-    assert executor.capacity() == 2
-    flaky, steady = executor.evaluate_many([request_for("flaky"), request_for("steady")])
+    assert executor.capacity() == 3
+    flaky, steady, refused = executor.evaluate_many([request_for(n) for n in ("flaky", "steady", "refused")])
     assert flaky.verdict == "correct" and calls["flaky"] == 2
     assert flaky.environment["executor"]["judged_again_alone"] == "runtime_error"
     assert flaky.environment["executor"]["shared"] is True
-    assert steady.verdict == "correct" and calls["steady"] == 1
-    assert "judged_again_alone" not in steady.environment["executor"] and steady.environment["executor"]["shared"]
+    for standing in (steady, refused):
+        assert "judged_again_alone" not in standing.environment["executor"]
+        assert standing.environment["executor"]["shared"] is True
+    assert steady.verdict == "correct" and refused.verdict == "infra_error"
+    assert calls["steady"] == calls["refused"] == 1
     granted = [f["shared"] for e, f in heard if e == "lease_granted"]
-    assert granted == [True, True, False]  # the second judgement of `flaky` held the GPU alone
-    assert [f["label"] for e, f in heard if e == "lease_granted"] == ["all_reduce small"] * 3
+    assert granted == [True, True, True, False]  # the second judgement of `flaky` held the GPU alone
+    assert [f["label"] for e, f in heard if e == "lease_granted"] == ["all_reduce small"] * 4
 
     heard.clear()
     timed = executor.evaluate(request_for("timed", CONFIG))
     assert timed.verdict == "correct" and "shared" not in timed.environment["executor"]
     assert [f["shared"] for e, f in heard if e == "lease_granted"] == [False]
+
+
+@pytest.mark.parametrize(("verdict", "cause", "stands"), [
+    ("correct", None, True), ("shape_mismatch", None, True), ("api_error", None, True),
+    ("infra_error", "emulation", True), ("infra_error", "environment", True),
+    ("output_mismatch", None, False), ("runtime_error", None, False), ("timeout", None, False),
+    ("deadlock", None, False), ("compile_error", None, False), ("infra_error", "launch", False),
+    ("infra_error", "reference", False), ("infra_error", None, False),
+])
+def test_which_verdicts_a_neighbour_on_the_gpu_cannot_have_caused(verdict, cause, stands):
+    from harness.common import failures
+
+    assert failures.stands_when_shared(verdict, cause) is stands
 
 
 def test_a_build_that_fails_before_the_lease_holds_no_device(all_reduce, tmp_path, monkeypatch):
