@@ -42,8 +42,7 @@ class LocalExecutor:
         if self.scheduler is None:
             yield None, None
             return
-        kwargs = {"shared": True, "label": label} if shared else {"label": label}
-        with self.scheduler.lease(**kwargs) as lease:
+        with self.scheduler.lease(shared=shared, label=label) as lease:
             yield getattr(lease, "gpus", lease), lease  # a Lease, or a scheduler that yields the GPU list itself
 
     def _shares(self, config: EvalConfig) -> bool:
@@ -71,11 +70,13 @@ class LocalExecutor:
                     whether another evaluation held them too at some moment."""
                     with self._devices(shared=shared, label=label) if built else nullcontext((None, None)) as (
                             gpus, lease):
-                        held = time.perf_counter()
+                        started = time.perf_counter()
                         result = harness_evaluate(problem, path, world_size=request.world_size,
                                                   device=request.device, shape=request.shape, config=config,
                                                   log_dir=log_dir, gpus=gpus)
-                        held = time.perf_counter() - held if lease is not None or self.scheduler is None else 0.0
+                        held = time.perf_counter() - started
+                    if self.scheduler is not None and lease is None:
+                        held = 0.0  # the build failed before the lease: the compile stage ran without devices
                     return result, held, bool(getattr(lease, "overlapped", False))
 
                 result, held, overlapped = judge(self._shares(config))
