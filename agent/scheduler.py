@@ -143,6 +143,9 @@ class DeviceScheduler:
         with self._lock:
             ticket = next(self._tickets)
             self._queue.append(ticket)
+            ahead = len(self._queue) - 1
+        self._tell("lease_asked", {"label": label, "shared": shared, "ahead": ahead})
+        with self._lock:
             try:
                 while self._queue[0] != ticket or (index := self._group_for(shared)) is None:
                     cancel.check()  # Ctrl-C: a sample waiting for devices never gets them

@@ -184,9 +184,17 @@ def main() -> int:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
     rows = rows_of(runs / "replay", files)
-    (args.out / "replay.json").write_text(json.dumps({"wall_s": wall_s, "finished": finished, "rows": rows,
-                                                      "before": BEFORE, "concurrency": args.concurrency}, indent=1))
+    sys.path.insert(0, str(REPO))
+    from agent.report.leases import lease_use, read_events, summary_lines
+
+    events = runs / "replay" / "events.jsonl"
+    leases = summary_lines(lease_use(read_events(events))) if events.exists() else []
+    (args.out / "replay.json").write_text(json.dumps({
+        "wall_s": wall_s, "finished": finished, "rows": rows, "before": BEFORE, "concurrency": args.concurrency,
+        "evaluations_per_gpu": args.evaluations_per_gpu, "leases": leases}, indent=1))
     text = markdown(rows, wall_s, finished, args)
+    if leases:
+        text += "\nThe GPU lease (agent.report.leases, from events.jsonl):\n\n" + "".join(f"- {x}\n" for x in leases)
     (args.out / "replay.md").write_text(text)
     print("\n".join(text.splitlines()[:18]))
     return 0

@@ -110,7 +110,7 @@ def test_a_timed_request_is_never_shared_even_on_a_sharing_scheduler():
         assert not asked.shared and not plain.shares
 
 
-def test_the_listener_hears_every_grant_and_return():
+def test_the_listener_hears_every_request_grant_and_return():
     heard: list[tuple[str, dict[str, object]]] = []
     scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1], shared_evaluations=2,
                                 listener=lambda event, fields: heard.append((event, fields)))
@@ -118,10 +118,12 @@ def test_the_listener_hears_every_grant_and_return():
         with scheduler.lease(shared=True, label="all_gather small"):
             pass
     assert [(e, f["label"]) for e, f in heard] == [
-        ("lease_granted", "all_reduce small"), ("lease_granted", "all_gather small"),
+        ("lease_asked", "all_reduce small"), ("lease_granted", "all_reduce small"),
+        ("lease_asked", "all_gather small"), ("lease_granted", "all_gather small"),
         ("lease_returned", "all_gather small"), ("lease_returned", "all_reduce small")]
-    assert heard[1][1]["holders"] == 2 and heard[2][1]["overlapped"] is True
-    assert isinstance(heard[3][1]["held_s"], float) and isinstance(heard[0][1]["waited_s"], float)
+    assert heard[3][1]["holders"] == 2 and heard[4][1]["overlapped"] is True
+    assert isinstance(heard[5][1]["held_s"], float) and isinstance(heard[1][1]["waited_s"], float)
+    assert heard[0][1]["ahead"] == 0
 
     def broken(event: str, fields: dict[str, object]) -> None:
         raise OSError("disk full")
