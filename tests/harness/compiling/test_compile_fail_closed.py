@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,56 @@ def test_a_compiler_installed_outside_usr_builds_in_the_sandbox(tmp_path, monkey
     candidate = _write(tmp_path / "code", "outside.py", CORRECT_LOAD_INLINE)
     outcome = compile_candidate(candidate, 900.0, "cpu")
     assert outcome.ok and outcome.extensions is not None, outcome
+
+
+def test_no_more_native_builds_run_at_once_than_there_are_slots_and_a_wait_is_not_build_time(tmp_path, monkeypatch):
+    """Builds beyond the slots (one per core) queue before their clock starts; one that waited finds what
+    another evaluation built meanwhile instead of building it again. The build itself is a stand-in that
+    records how many ran at once (the real helper is tested above)."""
+    import threading
+    import time
+
+    running, peak, lock = [0], [0], threading.Lock()
+    built: list[str] = []
+    done: dict[Path, list[Any]] = {}
+
+    def fake_build(path, raw, entry, timeout, device, problem, limits):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+            built.append(path.name)
+            done[entry] = []
+        return build.CompileOutcome(True, 0.2, native=True)
+
+    def compile_all(paths: list[Path]) -> tuple[list[threading.Thread], list[build.CompileOutcome]]:
+        outcomes: list[build.CompileOutcome] = []
+        threads = [threading.Thread(target=lambda p=p: outcomes.append(compile_candidate(p, 300.0, "cpu")))
+                   for p in paths]
+        for t in threads:
+            t.start()
+        return threads, outcomes
+
+    monkeypatch.setattr(build, "_build", fake_build)
+    monkeypatch.setattr(build, "cached_builds", lambda entry: done.get(entry))
+    monkeypatch.setattr(build, "BUILD_SLOTS", threading.BoundedSemaphore(2))
+    sources = [_write(tmp_path, f"c{k}.py", MARKER + f"def solution(x):\n    return x + {k}\n") for k in range(5)]
+    threads, outcomes = compile_all(sources)
+    for t in threads:
+        t.join(30)
+    assert peak[0] == 2 and len(outcomes) == 5 and all(o.ok and o.seconds == 0.2 for o in outcomes)
+
+    # Two evaluations of one new source wait for the only slot; the second finds the first's build.
+    monkeypatch.setattr(build, "BUILD_SLOTS", threading.BoundedSemaphore(1))
+    build.BUILD_SLOTS.acquire()
+    twin = [_write(tmp_path / side, "twin.py", MARKER + "def solution(x):\n    return x * 3\n")
+            for side in ("a", "b")]
+    threads, outcomes = compile_all(twin)
+    time.sleep(0.3)  # both asked, both missed the cache, both wait
+    assert outcomes == [] and "twin.py" not in built
+    build.BUILD_SLOTS.release()
+    for t in threads:
+        t.join(30)
+    assert built.count("twin.py") == 1 and sorted(o.cached for o in outcomes) == [False, True]
