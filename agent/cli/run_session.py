@@ -27,6 +27,7 @@ from agent.model_table import ModelTableError
 from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
+from agent.report.leases import last_pass, lease_use, read_events, summary_lines
 from agent.rundir import RunDir, write_json_atomic
 from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
@@ -126,6 +127,8 @@ def execute(args: argparse.Namespace) -> int:
     """`pkb run` once its options have passed agent.cli.run's checks."""
     summary, run_dir, config = run(args)
     _print_summary(summary, run_dir, config.ranks_per_gpu)
+    if config.device == "cuda":
+        _print_device_use(run_dir)
     if summary.fatal:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
                        "samples finished; --resume continues it)")
@@ -304,6 +307,12 @@ def exit_interrupted(err: KeyboardInterrupt, resume: str) -> NoReturn:
     else:
         err_console.print(plain(f"pkb: interrupted before any sample began; continue with: {resume}"))
     leave()
+
+
+def _print_device_use(run_dir: RunDir) -> None:
+    """How this pass of the run held its GPUs (agent.report.leases over its part of events.jsonl)."""
+    for line in summary_lines(lease_use(last_pass(read_events(run_dir.events)))):
+        console.print(plain(f"GPUs: {line}"))
 
 
 def _cost_cell(records: list[dict[str, Any]]) -> str:

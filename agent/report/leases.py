@@ -101,6 +101,13 @@ def lease_use(events: Iterable[dict[str, Any]]) -> LeaseUse:
     return use
 
 
+def last_pass(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of the run's last pass (from its last `run_started`): a resumed run's earlier passes may lie
+    days before, and their gap is not time the devices stood idle."""
+    starts = [i for i, e in enumerate(events) if e.get("event") == "run_started"]
+    return events[starts[-1]:] if starts else events
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     """events.jsonl's objects, torn or foreign lines skipped."""
     events = []
