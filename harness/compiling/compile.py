@@ -47,6 +47,7 @@ from harness.common.paths import REPO_ROOT
 from harness.compiling.builds import may_build
 from harness.compiling.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
 from harness.launch.pool import worker_env
+from harness.launch.priority import niced, set_session_niceness
 from harness.launch.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable, clean_environment, probe
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.memory import MemoryCgroup
@@ -68,6 +69,11 @@ BUILD_FILES_LIMIT = 20000
 # at most, against compile_s = 180 s; 58-64 s alone).
 BUILD_SLOTS = threading.BoundedSemaphore(max(1, len(os.sched_getaffinity(0))))
 SLOT_POLL_S = 0.5  # how often a build waiting for a slot looks whether the run was interrupted
+# Builds run this much nicer than the harness (harness.launch.priority: the processes and their sessions): on a
+# GPU node they share the cores with evaluations that hold a device, whose ranks (and a timed candidate's host
+# side) should get the CPU first. Fourteen builds at once on the 16-core H200 node loaded it to 23 while the
+# GPU lease was the bottleneck (2026-12-02).
+BUILD_NICENESS = 10
 
 
 @contextmanager
@@ -269,11 +275,14 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
                 command = cgroup.join_command(command)
         else:  # candidate code runs here too: the same allow-listed environment, no secret of the harness
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)}), scratch)
+        command = niced(command, BUILD_NICENESS)
         with Folder.open(build) as build_files:  # held from before the helper runs: no link it plants is followed
             proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
+            set_session_niceness(proc.pid, BUILD_NICENESS)  # its session exists: Popen returns after the exec
             if sandbox.backend == "bwrap":
                 watch = SandboxWatch(limits, proc.pid, [scratch, build], kill=lambda: _kill_group(proc.pid),
+                                     niceness=BUILD_NICENESS,
                                      cgroup=cgroup).start()
             try:
                 with cancel.killable(lambda: _signal_build(proc.pid)):  # Ctrl-C ends the build at once

@@ -7,7 +7,8 @@ it kills the sandbox (bubblewrap's process group; the PID namespace dies with it
 harness.launch.pool turns it into the candidate's runtime_error, so going over ends the phase at once instead
 of at its time limit. `explain` says, after a rank failed, whether a limit was the cause: a tmpfs (/tmp,
 /dev/shm) that is full makes its writers fail (ENOSPC, or SIGBUS through a mapping) without any
-process of the harness having to act. Standard library only.
+process of the harness having to act. Given a niceness, it also keeps the sandbox's sessions that nice
+(harness.launch.priority), once a second. Standard library only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.launch.priority import keep_sessions_nice
 from harness.launch.sandbox.limits import SandboxLimits, gib
 from harness.launch.sandbox.memory import MemoryCgroup, measure, tmpfs_used
 from harness.launch.sandbox.namespace import descendants, sandbox_init
@@ -55,8 +57,10 @@ class SandboxWatch:
     """One sandbox's limits, watched from a thread of the harness until `stop`."""
 
     def __init__(self, limits: SandboxLimits, bwrap_pid: int, folders: list[Path], kill: Callable[[], None],
-                 cgroup: MemoryCgroup | None = None, names: Callable[[int], str] | None = None) -> None:
+                 cgroup: MemoryCgroup | None = None, names: Callable[[int], str] | None = None,
+                 niceness: int | None = None) -> None:
         self.limits, self.bwrap_pid, self.folders, self.kill, self.cgroup = limits, bwrap_pid, folders, kill, cgroup
+        self.niceness = niceness  # kept on the sandbox's sessions (harness.launch.priority), None: left alone
         self.names = names or (lambda pid: f"pid {pid}")
         self.breach: str | None = None
         self.peak_bytes = 0
@@ -93,6 +97,8 @@ class SandboxWatch:
         if reason is None and time.monotonic() >= self._folders_at:
             self._folders_at = time.monotonic() + FOLDER_PERIOD_S
             reason = self._folders_over()
+            if self.niceness is not None:
+                keep_sessions_nice(descendants(self.bwrap_pid), self.niceness)
         return reason
 
     def _memory_over(self) -> str | None:

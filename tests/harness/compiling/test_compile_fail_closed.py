@@ -5,6 +5,7 @@ reports something its exit code contradicts is the candidate's compile_error."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,59 @@ def test_no_more_native_builds_run_at_once_than_there_are_slots_and_a_wait_is_no
     for t in threads:
         t.join(30)
     assert built.count("twin.py") == 1 and sorted(o.cached for o in outcomes) == [False, True]
+
+
+GREEDY = MARKER + """import os, time
+try:
+    os.nice(-5)
+    how = "lowered"
+except OSError:
+    how = "refused"
+
+
+def session():
+    try:
+        return open("/proc/self/autogroup").read().split()[-1]
+    except OSError:
+        return "none"
+
+
+before = session()
+try:  # any process may set its own session back to 0
+    fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+    os.write(fd, b"0")
+    os.close(fd)
+    undone = session()
+except OSError:
+    undone = "refused"
+time.sleep(2.5)  # the harness's watch looks once a second
+print(f"niceness {os.nice(0)} {how}; session {before} {undone} {session()}", flush=True)
+os._exit(5)
+"""
+
+
+def test_a_build_runs_nicer_than_the_harness_and_cannot_take_its_share_back(tmp_path):
+    """The helper (and the compilers it starts) yields the CPU to evaluations holding a device: by its own
+    nice value, which the sandboxed import cannot lower, and by its session's, which Linux's autogroups weigh
+    against other sessions and which any process may set back to 0: the harness sets it again."""
+    from harness.launch.priority import niced
+    from harness.launch.sandbox import probe
+
+    outcome = compile_candidate(_write(tmp_path, "greedy.py", GREEDY), 300.0, "cpu")
+    assert not outcome.ok and "exited with code 5" in outcome.message, outcome
+    harness_niceness = os.nice(0)
+    seen = re.search(r"niceness (-?\d+) (lowered|refused); session (\S+) (\S+) (\S+)", outcome.evidence)
+    assert seen is not None, outcome.evidence
+    sandbox = probe()
+    sandboxed = sandbox.backend == "bwrap" and (sandbox.host_uid_switch or os.geteuid() != 0)
+    if sandboxed:
+        assert seen[2] == "refused" and int(seen[1]) == min(19, harness_niceness + build.BUILD_NICENESS)
+        assert int(seen[1]) > harness_niceness
+    else:  # a root helper outside a sandbox may lower it again: the command still starts it nicer
+        assert niced(["true"], build.BUILD_NICENESS)[1:3] == ["-n", str(build.BUILD_NICENESS)]
+        assert build.BUILD_NICENESS > 0
+    autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroups.is_file() and autogroups.read_text().strip() == "1":
+        assert seen[3] == str(build.BUILD_NICENESS)
+        if sandboxed:  # the watch set it again
+            assert seen[4] in ("0", "refused") and seen[5] == str(build.BUILD_NICENESS), seen[0]
