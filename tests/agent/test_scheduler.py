@@ -99,6 +99,38 @@ def test_an_exclusive_lease_waits_for_its_group_to_empty_and_holds_it_alone():
     assert not exclusive[0].overlapped and not seen[0].overlapped
 
 
+def test_exclusive_requests_go_before_shared_ones_so_one_emptied_group_serves_them_all():
+    """A re-judge empties the group; a second re-judge asked later runs next, before the shared request asked
+    between them, which would otherwise refill the group and make the second wait for it to empty again."""
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=2)
+    order: list[str] = []
+    release = {name: threading.Event() for name in ("held", "first", "shared", "second")}
+
+    def take(name: str, shared: bool) -> threading.Thread:
+        def body() -> None:
+            with scheduler.lease(shared=shared, label=name):
+                order.append(name)
+                release[name].wait(10)
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        return thread
+
+    heard: list[tuple[str, dict[str, object]]] = []
+    scheduler.listener = lambda event, fields: heard.append((event, fields))
+    take("held", True)
+    wait_for(lambda: order == ["held"])
+    for waiting, (name, shared) in enumerate((("first", False), ("shared", True), ("second", False)), start=1):
+        take(name, shared)
+        wait_for(lambda n=waiting: len(scheduler._queue) == n)  # the shared one too: an exclusive one waits
+    assert [f["ahead"] for e, f in heard if e == "lease_asked"] == [0, 0, 1, 1]  # the second: behind the first only
+    for name in ("held", "first", "second"):
+        wait_for(lambda n=name: n in order)
+        release[name].set()
+    wait_for(lambda: len(order) == 4)
+    release["shared"].set()
+    assert order == ["held", "first", "second", "shared"]
+
+
 def test_a_timed_request_is_never_shared_even_on_a_sharing_scheduler():
     scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1], shared_evaluations=4)
     with scheduler.lease(shared=True) as shared:
