@@ -106,7 +106,8 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
                "held_s": executor.get("held_s"),
                "build_in_call_s": stages.get("build_in_call"), "reference_s": stages.get("reference"),
                "reason": message.splitlines()[0][:200] if message else "",
-               "reference_cost": (result.get("integrity") or {}).get("reference_cost")}
+               "reference_cost": (result.get("integrity") or {}).get("reference_cost"),
+               "shared": bool(executor.get("shared")), "judged_again_alone": executor.get("judged_again_alone")}
         if row["verdict"] == "infra_error":
             row["cause"] = cause_of(message)
         rows.append(row)
@@ -123,6 +124,7 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
     causes = Counter(r.get("cause") for r in done if r["verdict"] == "infra_error")
     seconds = sorted(float(r["seconds"]) for r in done if r.get("seconds") is not None)
     compile_s = sorted(float(r["compile_s"]) for r in done if r.get("compile_s"))
+    again = [r for r in done if r.get("judged_again_alone")]  # the visible shape's result (as every column)
 
     def median(xs: list[float]) -> str:
         return f"{xs[len(xs) // 2]:.1f}" if xs else "-"
@@ -140,6 +142,8 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
              f"{BEFORE['infra_error']} |",
              f"| wall | {wall_s:.0f} s | {BEFORE['wall']} |",
              f"| sample wall, median | {median(seconds)} s | 149 s |",
+             f"| shared the GPU / judged again alone (same verdict alone) | {sum(1 for r in done if r.get('shared'))}"
+             f" / {len(again)} ({sum(1 for r in again if r['judged_again_alone'] == r['verdict'])}) | - |",
              f"| compile stage, median (p90) | {median(compile_s)} s "
              f"({compile_s[int(0.9 * (len(compile_s) - 1))]:.1f} s) |" if compile_s else "| compile stage | - |",
              "", "| file | problem | verdict | s | compile s | build in call s | cause / reason |",

@@ -58,6 +58,12 @@ class LeaseUse:
     def median_wait_s(self) -> float | None:
         return statistics.median(h.waited_s for h in self.holds) if self.holds else None
 
+    def median_hold_s(self, shared: bool) -> float | None:
+        """The median length of the returned shared (or exclusive) holds: sharing lengthens each hold as much
+        as the evaluations slow each other down."""
+        held = [h.end_s - h.start_s for h in self.holds if h.shared == shared and h.end_s is not None]
+        return statistics.median(held) if held else None
+
     def longest(self, n: int = 5) -> list[Hold]:
         return sorted(self.holds, key=lambda h: (h.end_s if h.end_s is not None else self.wall_s) - h.start_s,
                       reverse=True)[:n]
@@ -132,6 +138,11 @@ def summary_lines(use: LeaseUse) -> list[str]:
     lines = [f"devices held {pct(use.busy_fraction)} of {use.wall_s:.0f} s; evaluations at once "
              f"{use.mean_at_once or 0:.2f} on average; {len(use.holds)} leases, median wait "
              f"{use.median_wait_s or 0:.1f} s"]
+    if any(h.shared for h in use.holds):
+        kinds = [(f"{median:.1f} s {name} ({sum(1 for h in use.holds if h.shared == shared)})")
+                 for name, shared in (("shared", True), ("alone", False))
+                 if (median := use.median_hold_s(shared)) is not None]
+        lines.append("held per lease, median: " + ", ".join(kinds))
     lines.append("longest: " + "; ".join(
         f"{h.label or '?'} {((h.end_s if h.end_s is not None else use.wall_s) - h.start_s):.0f} s"
         + (" (still held)" if h.end_s is None else "") for h in use.longest()))

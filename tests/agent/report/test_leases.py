@@ -55,6 +55,12 @@ def test_overlapping_shared_holds_count_once_for_busy_and_twice_for_at_once():
     use = lease_use(events)
     assert use.busy_fraction == pytest.approx(1.0) and use.mean_at_once == pytest.approx(6 / 4)
     assert use.still_held == [] and use.waiting == []
+    alone = [event("lease_granted", 5, "x", shared=False), event("lease_returned", 6, "x"),
+             event("lease_granted", 6, "z", shared=True)]  # still held: not in the median
+    use = lease_use(events + alone)
+    assert use.median_hold_s(True) == pytest.approx(3.0) and use.median_hold_s(False) == pytest.approx(1.0)
+    assert "held per lease, median: 3.0 s shared (3), 1.0 s alone (1)" in summary_lines(use)
+    assert not any("held per lease" in line for line in summary_lines(lease_use(alone[:2])))  # no sharing
 
 
 def test_a_torn_log_and_one_without_leases_are_read_and_said_plainly(tmp_path: Path):
