@@ -39,7 +39,7 @@ from harness.common.flags import EMULATED, fast_eligible
 from harness.common.integrity import IntegrityConfig
 from harness.common.seeds import TIMING_TRIAL_BASE, fill_recipe
 from harness.compiling import requirements
-from harness.compiling.compile import compile_candidate, keep_lazy_builds, private_copy, visible_for
+from harness.compiling.compile import CompileOutcome, compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
 from harness.emulation.errors import parse_refusal, refusal_is_plausible
 from harness.judge import plausibility, timing, trials, watchdog
@@ -251,9 +251,11 @@ class _Evaluation:
             self.flags.append(integrity.USES_TORCH_COLLECTIVES)
 
     # -- phases -------------------------------------------------------------------------------
-    def compile(self) -> bool:
-        outcome = compile_candidate(self.path, self.config.limits.compile_s, self.device,
-                                    problem=self.problem.loader_spec, limits=SandboxLimits.for_ranks(1, self.checks))
+    def compile(self, built: CompileOutcome | None = None) -> bool:
+        """The compile stage; `built`: evaluate()'s argument of that name."""
+        outcome = built if built is not None and not built.ok else compile_candidate(
+            self.path, self.config.limits.compile_s, self.device, problem=self.problem.loader_spec,
+            limits=SandboxLimits.for_ranks(1, self.checks))
         self.stages["compile"] = outcome.seconds
         if outcome.cleanup:
             self.evidence["stopped_build"] = outcome.cleanup
@@ -638,6 +640,12 @@ def _required(problem: Problem) -> list[str]:
     return required_positional(problem.solution)
 
 
+def build_limits(config: EvalConfig, device: str) -> SandboxLimits:
+    """The compile stage's sandbox limits under `config` (without an `integrity_config` of evaluate()'s own):
+    for a caller that builds ahead, so that its build is the one evaluate() would have made."""
+    return SandboxLimits.for_ranks(1, IntegrityConfig.coerce(config.integrity.overrides(), device))
+
+
 def evaluate(
     problem: Problem,
     candidate_path: Path,
@@ -649,10 +657,14 @@ def evaluate(
     log_dir: Path | None = None,
     gpus: list[int] | None = None,
     integrity_config: IntegrityConfig | dict[str, Any] | None = None,
+    built: CompileOutcome | None = None,
 ) -> EvalResult:
     """Run the whole protocol; `gpus` picks the physical GPUs (one per rank) on a multi-GPU node.
     The integrity checks are the device's defaults with `config.integrity`'s settings on top;
-    `integrity_config`, where given, replaces `config.integrity`."""
+    `integrity_config`, where given, replaces `config.integrity`. `built`: the compile stage's outcome for
+    this file, where the caller ran it already with `build_limits(config, device)` (agent.executors.local
+    builds before it takes a GPU lease). A failure there is the verdict and is not built again: a second
+    build that succeeded would start ranks on devices nobody leased. A success is found in the cache."""
     cancel.check()  # the process was interrupted: nothing new starts
     config = config or EvalConfig(timing=TimingConfig.for_device(device))
     checks = IntegrityConfig.coerce(
@@ -685,7 +697,7 @@ def evaluate(
         return ev.result()
     phase, started = "compile", time.perf_counter()
     try:
-        if not ev.compile():
+        if not ev.compile(built):
             return ev.result()
         phase = "launch"
         ev.start_pools()

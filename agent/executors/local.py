@@ -20,8 +20,9 @@ from agent.executors.request import (
     with_gpus,
 )
 from harness.common import failures
-from harness.compiling.compile import compile_candidate
+from harness.compiling.compile import CompileOutcome, compile_candidate
 from harness.config import EvalConfig
+from harness.evaluate import build_limits
 from harness.evaluate import evaluate as harness_evaluate
 from harness.records.results import EvalResult
 
@@ -57,13 +58,15 @@ class LocalExecutor:
             label = f"{problem.name} {request.shape}"
             with candidate_file(request) as path:
                 # A GPU never waits on a compiler: native code is built (into the cache the harness's own
-                # compile step reads) before the lease; a build that fails needs no device at all, since
-                # the harness then stops at its compile step before any rank starts.
-                built, build_s = True, None
+                # compile step reads) before the lease; a build that fails needs no device at all: the harness
+                # takes that failure as its compile step's and starts no rank (it does not build again, which
+                # could succeed where this failed, under load, and start ranks without a lease).
+                outcome: CompileOutcome | None = None
                 if request.device == "cuda" and self.scheduler is not None:
                     outcome = compile_candidate(path, config.limits.compile_s, request.device,
-                                                problem=problem.loader_spec)
-                    built, build_s = outcome.ok, round(outcome.seconds, 6)
+                                                problem=problem.loader_spec,
+                                                limits=build_limits(config, request.device))
+                built = outcome is None or outcome.ok
 
                 def judge(shared: bool) -> tuple[EvalResult, float, bool]:
                     """One evaluation: its result, the seconds it held the devices (0 without a lease), and
@@ -73,7 +76,7 @@ class LocalExecutor:
                         started = time.perf_counter()
                         result = harness_evaluate(problem, path, world_size=request.world_size,
                                                   device=request.device, shape=request.shape, config=config,
-                                                  log_dir=log_dir, gpus=gpus)
+                                                  log_dir=log_dir, gpus=gpus, built=outcome)
                         held = time.perf_counter() - started
                     if self.scheduler is not None and lease is None:
                         held = 0.0  # the build failed before the lease: the compile stage ran without devices
@@ -92,8 +95,8 @@ class LocalExecutor:
                         first = result.verdict
                         result, alone, _ = judge(False)
                         executor.update(held_s=round(held + alone, 6), judged_again_alone=first)
-            if build_s is not None:
-                executor["build_before_lease_s"] = build_s
+            if outcome is not None:
+                executor["build_before_lease_s"] = round(outcome.seconds, 6)
             result = result.model_copy(update={"environment": {**result.environment, "executor": executor}})
             return with_candidate_name(result, path, request.candidate_name)
         except Exception as exc:  # the harness's own failure: reported, not raised into the agent loop

@@ -349,6 +349,44 @@ def test_a_build_that_fails_before_the_lease_holds_no_device(all_reduce, tmp_pat
     assert result.environment["executor"]["build_before_lease_s"] == 3.0
 
 
+def test_a_build_that_failed_before_the_lease_is_the_verdict_and_is_not_built_again(all_reduce, monkeypatch):
+    """Under load a build can fail by its time limit once and succeed the next time: the harness must not build
+    again (and, succeeding, start ranks on a GPU no lease gave it). It takes the failure as its compile step's,
+    with the limits the harness's own build would have had."""
+    import agent.executors.local as local
+    import harness.evaluate as harness_module
+    from harness.compiling.compile import CompileOutcome
+    from harness.evaluate import build_limits
+
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1])
+    asked: list[Any] = []
+    timed_out = CompileOutcome(False, 180.0, "compile_error", "compilation did not finish within 180 s", native=True)
+
+    def build_ahead(*args: Any, **kwargs: Any) -> CompileOutcome:
+        asked.append(kwargs.get("limits"))
+        return timed_out
+
+    def built_again(*args: Any, **kwargs: Any) -> CompileOutcome:
+        raise AssertionError("the harness built a failed build again")
+
+    monkeypatch.setattr(local, "compile_candidate", build_ahead)
+    monkeypatch.setattr(harness_module, "compile_candidate", built_again)
+
+    def judged(problem: Any, path: Path, **kwargs: Any) -> EvalResult:
+        assert kwargs["gpus"] is None and scheduler.in_use == {} and kwargs["built"] is timed_out
+        return evaluate(all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cpu",
+                        shape="small", config=CONFIG, built=kwargs["built"])
+
+    monkeypatch.setattr(local, "harness_evaluate", judged)
+    result = LocalExecutor(scheduler).evaluate(EvalRequest.build(
+        all_reduce, CANDIDATES / "correct_all_gather_sum.py", world_size=2, device="cuda", shape="small",
+        config=CONFIG))
+    assert result.verdict == "compile_error" and failure_of(result).message == timed_out.message
+    assert result.stages["compile"] == 180.0 and "launch" not in result.stages  # no rank started
+    assert asked == [build_limits(CONFIG, "cuda")]
+    assert result.environment["executor"]["held_s"] == 0.0
+
+
 def test_the_source_travels_by_value_and_the_result_names_the_drivers_file(all_reduce, tmp_path, monkeypatch):
     original = CANDIDATES / "runtime_error_rank1.py"
     absent = str(tmp_path / "elsewhere" / "runtime_error_rank1.py")  # no such file here: only the source travels
