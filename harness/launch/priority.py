@@ -1,13 +1,13 @@
 """CPU priority for work that holds no device (a candidate's build) beside work that does (ranks under a GPU
 lease, a timed candidate's host side).
 
-Linux schedules the sessions of a machine as groups when autogroups are on (the default of desktop and VM
-kernels alike: the CPU machine and the H200 node): every session gets an equal share of the CPU, and a
-process's own nice value orders it only within its session. A niced build in a session of its own took as
-much CPU from an evaluation as before (2-core CPU machine, 2026-12-02: docs/performance.md). So both are set:
-the processes' nice value (inherited by every child; unprivileged code cannot lower it again) and their
-sessions' autogroup nice value, which any process may set back to 0 for its own session (or leave by
-setsid): the harness, as the sandbox's watch, sets it again while the sandbox lives.
+Linux schedules the sessions of a machine as groups when autogroups are on (the default of many desktop and
+VM kernels; on here, on the CPU machine; not yet checked on the H200 node): every session gets an equal share
+of the CPU, and a process's own nice value orders it only within its session. A niced build in a session of
+its own took as much CPU from an evaluation as before (2-core CPU machine, 2026-12-02: docs/performance.md).
+So both are set: the processes' nice value (inherited by every child; unprivileged code cannot lower it
+again) and their sessions' autogroup nice value, which any process may set back to 0 for its own session
+(or leave by setsid): the harness, as the sandbox's watch, sets it again while the sandbox lives.
 
 Best effort throughout: a priority decides how fast a build goes, never what it may do; without autogroups
 the files are absent and the nice value alone counts.
