@@ -189,10 +189,10 @@ def main() -> int:
             shutil.rmtree(staged, ignore_errors=True)
     rows = rows_of(runs / "replay", files)
     sys.path.insert(0, str(REPO))
-    from agent.report.leases import last_pass, lease_use, read_events, summary_lines
+    from agent.report.leases import last_pass_summary
 
     events = runs / "replay" / "events.jsonl"
-    leases = summary_lines(lease_use(last_pass(read_events(events)))) if events.exists() else []
+    leases = last_pass_summary(events) if events.exists() else []
     (args.out / "replay.json").write_text(json.dumps({
         "wall_s": wall_s, "finished": finished, "rows": rows, "before": BEFORE, "concurrency": args.concurrency,
         "evaluations_per_gpu": args.evaluations_per_gpu, "leases": leases}, indent=1))

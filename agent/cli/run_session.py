@@ -27,7 +27,7 @@ from agent.model_table import ModelTableError
 from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
-from agent.report.leases import last_pass, lease_use, read_events, summary_lines
+from agent.report.leases import last_pass_summary
 from agent.rundir import RunDir, write_json_atomic
 from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
 from agent.scheduler import DeviceScheduler, SchedulerError
@@ -311,7 +311,7 @@ def exit_interrupted(err: KeyboardInterrupt, resume: str) -> NoReturn:
 
 def _print_device_use(run_dir: RunDir) -> None:
     """How this pass of the run held its GPUs (agent.report.leases over its part of events.jsonl)."""
-    for line in summary_lines(lease_use(last_pass(read_events(run_dir.events)))):
+    for line in last_pass_summary(run_dir.events):
         console.print(plain(f"GPUs: {line}"))
 
 

@@ -153,3 +153,9 @@ def summary_lines(use: LeaseUse) -> list[str]:
         lines.append("waiting when the log ends: " + "; ".join(
             f"{label or '?'} since {at:.0f} s" for label, at in sorted(use.waiting, key=lambda w: w[1])))
     return lines
+
+
+def last_pass_summary(events_path: Path) -> list[str]:
+    """summary_lines of the last pass of the run whose events.jsonl this is (what `pkb run` prints after a
+    CUDA run and the replay benchmark writes)."""
+    return summary_lines(lease_use(last_pass(read_events(events_path))))
