@@ -13,12 +13,9 @@ keep asking. With `shared_evaluations` K > 1 (CUDA, runs without timing only), u
 the same group at once: an untimed evaluation mostly starts processes while it holds its GPUs (one H200,
 2026-12-02: the lease held for nearly all of a 25-minute replay, the GPU idle at most samples), and a
 neighbour cannot change a verdict that it could not have caused (agent.executors.local judges the others
-again alone). An exclusive lease (a re-judge, a profile) waits until its group is empty, and exclusive
-requests are served before shared ones: the group is emptied once for all the exclusive requests waiting,
-not refilled by shared leases between two of them (the shared replay on one H200 made 22 exclusive
-requests, each waiting a median 32.7 s for its group to empty while every later lease waited behind it).
-Exclusive requests come from shared evaluations judged again, so shared ones are not held back for long. A
-lease says whether another evaluation held its GPUs at any moment while it did (`overlapped`).
+again alone). An exclusive lease (a re-judge, a profile) waits until its group is empty; which request goes
+next is agent.lease_order's policy (exclusive ones first, shared ones beside a lease held for long). A lease
+says whether another evaluation held its GPUs at any moment while it did (`overlapped`).
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from agent import lease_order
 from harness import cancel
 from harness.emulation import layout
 
@@ -78,7 +76,7 @@ class DeviceScheduler:
 
     def __init__(self, device: str, world_size: int, *, gpus: list[int] | None = None,
                  cpu_slots: int | None = None, ranks_per_gpu: int = 1, shared_evaluations: int = 1,
-                 listener: LeaseListener | None = None) -> None:
+                 long_hold_s: float = lease_order.LONG_HOLD_S, listener: LeaseListener | None = None) -> None:
         if world_size < 1:
             raise SchedulerError(f"world size must be at least 1, got {world_size}")
         if ranks_per_gpu < 1:
@@ -91,6 +89,7 @@ class DeviceScheduler:
         self.world_size = world_size
         self.ranks_per_gpu = ranks_per_gpu
         self.shared_evaluations = shared_evaluations
+        self.long_hold_s = long_hold_s
         self.listener = listener
         self._lock = threading.Condition()
         if device == "cuda":
@@ -108,7 +107,7 @@ class DeviceScheduler:
             self.groups = [None] * slots  # type: ignore[list-item]
         self._holders: list[list[Lease]] = [[] for _ in self.groups]  # live leases per group
         self._exclusive: set[int] = set()  # groups held by an exclusive lease
-        self._queue: list[tuple[int, bool]] = []  # (ticket, shared) of waiting requests, oldest first
+        self._queue: list[lease_order.Request] = []  # waiting requests, oldest first
         self._tickets = itertools.count()
         self.in_use: dict[int, list[int] | None] = {}  # group index -> gpus, for tests and the event log
 
@@ -122,18 +121,12 @@ class DeviceScheduler:
         """How many evaluations can run at once (shared leases counted: a run that shares times nothing)."""
         return len(self.groups) * self.shared_evaluations
 
-    def _group_for(self, shared: bool) -> int | None:
-        """The group a request gets now, or None. Shared: the least held group with room (so evaluations share a
-        GPU only when every group holds some); exclusive: the first empty group."""
-        if shared and self.shares:
-            room = [i for i, held in enumerate(self._holders)
-                    if i not in self._exclusive and len(held) < self.shared_evaluations]
-            return min(room, key=lambda i: (len(self._holders[i]), i)) if room else None
-        return next((i for i, held in enumerate(self._holders) if not held), None)
-
-    def _first_in_line(self) -> int:
-        """The ticket served next: the oldest exclusive request where one waits, else the oldest request."""
-        return next((ticket for ticket, shared in self._queue if not shared), self._queue[0][0])
+    def _next_grant(self) -> tuple[int, int] | None:
+        """(ticket, group) of the request served now, by agent.lease_order's policy."""
+        groups = [lease_order.Group(started=tuple(lease.started for lease in held), exclusive=i in self._exclusive)
+                  for i, held in enumerate(self._holders)]
+        return lease_order.next_grant(self._queue, groups, room=self.shared_evaluations, now=time.perf_counter(),
+                                      long_hold_s=self.long_hold_s)
 
     def _tell(self, event: str, fields: dict[str, object]) -> None:
         if self.listener is not None:
@@ -149,18 +142,22 @@ class DeviceScheduler:
         shared = shared and self.shares
         asked = time.perf_counter()
         with self._lock:
-            ticket = next(self._tickets)
-            self._queue.append((ticket, shared))
-            ahead = sum(1 for _, other in self._queue[:-1] if shared or not other)  # served before it
+            request = lease_order.Request(ticket=next(self._tickets), shared=shared)
+            self._queue.append(request)
+            ahead = sum(1 for other in self._queue[:-1] if shared or not other.shared)  # served before it
         self._tell("lease_asked", {"label": label, "shared": shared, "ahead": ahead})
         with self._lock:
             try:
-                while self._first_in_line() != ticket or (index := self._group_for(shared)) is None:
+                # the wait times out so a Ctrl-C is seen, and so a hold turning long (lease_order) is noticed
+                while (grant := self._next_grant()) is None or grant[0] != request.ticket:
                     cancel.check()  # Ctrl-C: a sample waiting for devices never gets them
                     self._lock.wait(timeout=CANCEL_POLL_S)
             finally:
-                self._queue.remove((ticket, shared))
+                self._queue.remove(request)
                 self._lock.notify_all()  # the next in line looks again
+            index = grant[1]
+            # granted while an exclusive request waits: beside a lease held for long (lease_order)
+            beside_long_hold = shared and any(not other.shared for other in self._queue)
             lease = Lease(gpus=None if self.groups[index] is None else list(self.groups[index]),
                           ranks=self.world_size, waited_s=time.perf_counter() - asked, shared=shared)
             neighbours = self._holders[index]
@@ -174,7 +171,7 @@ class DeviceScheduler:
             waiting = len(self._queue)
         self._tell("lease_granted", {"label": label, "gpus": lease.gpus, "shared": shared,
                                      "waited_s": round(lease.waited_s, 3), "holders": len(neighbours),
-                                     "waiting": waiting})
+                                     "waiting": waiting, "beside_long_hold": beside_long_hold})
         try:
             yield lease
         finally:

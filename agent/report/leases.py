@@ -58,6 +58,12 @@ class LeaseUse:
     def median_wait_s(self) -> float | None:
         return statistics.median(h.waited_s for h in self.holds) if self.holds else None
 
+    @property
+    def waited_in_all_s(self) -> float:
+        """Sample-seconds spent waiting for a lease, requests still waiting at the end counted until then: set
+        beside the builds' time, it says whether the samples' concurrency went to the GPU's queue."""
+        return sum(h.waited_s for h in self.holds) + sum(self.wall_s - at for _, at in self.waiting)
+
     def median_hold_s(self, shared: bool) -> float | None:
         """The median length of the returned shared (or exclusive) holds: sharing lengthens each hold as much
         as the evaluations slow each other down."""
@@ -73,7 +79,7 @@ class LeaseUse:
         return [h for h in self.holds if h.end_s is None]
 
 
-def _seconds(stamp: Any) -> float | None:
+def event_seconds(stamp: Any) -> float | None:
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
     except ValueError:
@@ -83,7 +89,7 @@ def _seconds(stamp: Any) -> float | None:
 def lease_use(events: Iterable[dict[str, Any]]) -> LeaseUse:
     """Holds matched grant to return by label, first in first out (one label can hold more than one lease:
     a problem's visible and held-out shapes, a second judgement alone)."""
-    timed = [(t, e) for e in events if (t := _seconds(e.get("timestamp"))) is not None]
+    timed = [(t, e) for e in events if (t := event_seconds(e.get("timestamp"))) is not None]
     if not timed:
         return LeaseUse(wall_s=0.0)
     origin = timed[0][0]
@@ -137,7 +143,7 @@ def summary_lines(use: LeaseUse) -> list[str]:
 
     lines = [f"devices held {pct(use.busy_fraction)} of {use.wall_s:.0f} s; evaluations at once "
              f"{use.mean_at_once or 0:.2f} on average; {len(use.holds)} leases, median wait "
-             f"{use.median_wait_s or 0:.1f} s"]
+             f"{use.median_wait_s or 0:.1f} s, {use.waited_in_all_s:.0f} s in all"]
     if any(h.shared for h in use.holds):
         kinds = [(f"{median:.1f} s {name} ({sum(1 for h in use.holds if h.shared == shared)})")
                  for name, shared in (("shared", True), ("alone", False))

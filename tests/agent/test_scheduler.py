@@ -131,6 +131,37 @@ def test_exclusive_requests_go_before_shared_ones_so_one_emptied_group_serves_th
     assert order == ["held", "first", "second", "shared"]
 
 
+def test_a_shared_request_goes_beside_a_long_hold_while_a_re_judge_waits_for_the_group_to_empty():
+    """A holder that has held for long keeps the group from emptying anyway: a shared request asked after a
+    waiting exclusive one takes a place beside it instead of idling, and the grant says why."""
+    scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=2, long_hold_s=1.0)
+    heard: list[tuple[str, dict[str, object]]] = []
+    scheduler.listener = lambda event, fields: heard.append((event, fields))
+    release_long, long = threading.Event(), list[Any]()
+    hold(scheduler, release_long, long, shared=True, label="long")
+    wait_for(lambda: len(long) == 1)
+    release_rejudge, rejudge = threading.Event(), list[Any]()
+    hold(scheduler, release_rejudge, rejudge, label="re-judge")
+    wait_for(lambda: len(scheduler._queue) == 1)
+    release_beside, beside = threading.Event(), list[Any]()
+    hold(scheduler, release_beside, beside, shared=True, label="beside")
+    wait_for(lambda: len(beside) == 1)  # once the first lease has held 1 s
+    assert rejudge == [] and beside[0].overlapped and long[0].overlapped
+    assert time.perf_counter() - long[0].started >= 1.0
+    granted = {f["label"]: f["beside_long_hold"] for e, f in heard if e == "lease_granted"}
+    assert granted == {"long": False, "beside": True}
+    late: list[Any] = []
+    hold(scheduler, threading.Event(), late, shared=True)  # no room left beside the long hold: it waits
+    release_long.set()
+    wait_for(lambda: ("lease_returned", "long") in [(e, f["label"]) for e, f in heard])
+    release_beside.set()  # held for less than 1 s: nothing goes beside it
+    wait_for(lambda: len(rejudge) == 1)  # the group empties: the re-judge goes, alone
+    time.sleep(0.1)
+    assert late == [] and not rejudge[0].overlapped
+    release_rejudge.set()
+    wait_for(lambda: len(late) == 1)
+
+
 def test_a_timed_request_is_never_shared_even_on_a_sharing_scheduler():
     scheduler = DeviceScheduler("cuda", 2, gpus=[0, 1], shared_evaluations=4)
     with scheduler.lease(shared=True) as shared:

@@ -41,12 +41,13 @@ def test_busy_share_waits_and_what_was_open_at_the_end():
     # held 1-7 and 8-10 (still held at the end): 8 of 10 s
     assert use.busy_fraction == pytest.approx(0.8) and use.mean_at_once == pytest.approx(0.8)
     assert use.median_wait_s == pytest.approx(0.0)
+    assert use.waited_in_all_s == pytest.approx(3.0 + 1.0)  # b's 3 s, c's 1 s until the log ends
     assert [h.label for h in use.still_held] == ["a held-out:default"]
     assert [label for label, _ in use.waiting] == ["c default"] and use.waiting[0][1] == pytest.approx(9)
     assert [h.label for h in use.longest(1)] == ["a default"]
     text = "\n".join(summary_lines(use))
     assert "devices held 80% of 10 s" in text and "held when the log ends: a held-out:default since 8 s" in text
-    assert "waiting when the log ends: c default since 9 s" in text
+    assert "waiting when the log ends: c default since 9 s" in text and "median wait 0.0 s, 4 s in all" in text
 
 
 def test_overlapping_shared_holds_count_once_for_busy_and_twice_for_at_once():
