@@ -2,7 +2,7 @@
 lease, a timed candidate's host side).
 
 Linux schedules the sessions of a machine as groups when autogroups are on (the default of many desktop and
-VM kernels; on here, on the CPU machine; not yet checked on the H200 node): every session gets an equal share
+VM kernels; on on the CPU machine and on the H200 node, 2026-12-02): every session gets an equal share
 of the CPU, and a process's own nice value orders it only within its session. A niced build in a session of
 its own took as much CPU from an evaluation as before (2-core CPU machine, 2026-12-02: docs/performance.md).
 So both are set: the processes' nice value (inherited by every child; unprivileged code cannot lower it
