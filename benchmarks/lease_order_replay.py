@@ -17,9 +17,7 @@ beside the neighbours they had. `--long-hold-s inf` is the plain exclusive-first
 from __future__ import annotations
 
 import argparse
-import gzip
 import heapq
-import io
 import json
 import math
 import statistics
@@ -31,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent import lease_order  # noqa: E402
-from agent.report.leases import event_seconds, last_pass, lease_use  # noqa: E402
+from agent.report.leases import event_seconds, last_pass, lease_use, read_events  # noqa: E402
 
 
 @dataclass
@@ -47,20 +45,6 @@ class Outcome:
     waited_s: float  # summed over requests: sample-seconds spent waiting for a lease
     held_s: float  # wall seconds at least one lease was held
     lease_s: float  # summed lease-seconds (evaluations at once = lease_s / end_s)
-
-
-def read_events(path: Path) -> list[dict[str, object]]:
-    raw = path.read_bytes()
-    text = gzip.decompress(raw).decode() if path.suffix == ".gz" else raw.decode()
-    events = []
-    for line in io.StringIO(text):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            events.append(value)
-    return last_pass(events)
 
 
 def chains(events: list[dict[str, object]]) -> dict[str, list[Step]]:
@@ -166,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="shared leases per group (default: the run's capacity over --groups)")
     parser.add_argument("--out", type=Path, default=None, help="a folder for lease_order.json")
     args = parser.parse_args(argv)
-    events = read_events(args.events)
+    events = last_pass(read_events(args.events))
     started = next((e for e in events if e.get("event") == "run_started"), {})
     room = args.room or max(1, int(str(started.get("capacity", 1))) // args.groups)
     steps = chains(events)

@@ -9,6 +9,7 @@ an object is skipped: a run killed mid-write leaves half a line.
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from collections.abc import Iterable
@@ -121,9 +122,12 @@ def last_pass(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """events.jsonl's objects, torn or foreign lines skipped."""
+    """events.jsonl's objects, torn or foreign lines skipped; a `.gz` file (as kept in docs/measurements) is
+    read through gzip."""
+    raw = path.read_bytes()
+    text = (gzip.decompress(raw) if path.suffix == ".gz" else raw).decode(errors="replace")
     events = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             value = json.loads(line)
         except ValueError:

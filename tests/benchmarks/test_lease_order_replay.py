@@ -3,29 +3,15 @@ again under agent.lease_order's policy. Its figures go into docs/pkb.md, so its 
 
 from __future__ import annotations
 
-import importlib.util
+import gzip
+import json
 import math
-import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.common.paths import REPO_ROOT
-
-SCRIPT = REPO_ROOT / "benchmarks" / "lease_order_replay.py"
-
-
-@pytest.fixture(scope="module")
-def replay() -> Any:
-    spec = importlib.util.spec_from_file_location("lease_order_replay_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
+from benchmarks import lease_order_replay as replay
 
 
 def at(seconds: float) -> str:
@@ -54,7 +40,7 @@ def log() -> list[dict[str, Any]]:
     ]
 
 
-def test_the_exclusive_first_order_reproduces_the_recorded_run(replay: Any):
+def test_the_exclusive_first_order_reproduces_the_recorded_run():
     steps = replay.chains(log())
     assert [(s.gap_s, s.shared, s.hold_s) for s in steps["judged"]] == [(0, True, 5.0), (0, False, 5.0)]
     assert replay.estimate_missing(steps) == 1 and steps["y"][0].hold_s == pytest.approx(10.0)  # shared median
@@ -63,10 +49,23 @@ def test_the_exclusive_first_order_reproduces_the_recorded_run(replay: Any):
     assert outcome.lease_s == pytest.approx(60 + 5 + 5 + 10 + 10)
 
 
-def test_beside_a_long_hold_the_shared_requests_run_while_the_re_judge_waits(replay: Any):
+def test_beside_a_long_hold_the_shared_requests_run_while_the_re_judge_waits():
     steps = replay.chains(log())
     replay.estimate_missing(steps)
     outcome = replay.simulate(steps, groups=1, room=4, long_hold_s=30.0)
     # x and y go beside `slow` once it has held 30 s (30-40 s); the re-judge still gets the group at 60 s
     assert outcome.end_s == pytest.approx(65) and outcome.waited_s == pytest.approx(55 + 20 + 20)
     assert outcome.held_s == pytest.approx(65)
+
+
+def test_the_command_reads_a_kept_gzip_log_and_writes_its_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    kept = tmp_path / "run.events.jsonl.gz"
+    kept.write_bytes(gzip.compress("".join(json.dumps(e) + "\n" for e in log()).encode() + b'{"torn'))
+    assert replay.main([str(kept), "--long-hold-s", "inf", "30", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "4 samples, 5 lease requests (1 holds estimated), 1 group(s) of 4" in printed
+    assert "| exclusive first (until 2026-12-02) | 75 | 165 |" in printed
+    assert "| beside holds >= 30 s | 65 | 95 |" in printed
+    written = json.loads((tmp_path / "out" / "lease_order.json").read_text())
+    assert [row["long_hold_s"] for row in written["simulated"]] == [None, 30.0]
+    assert written["recorded"]["end_s"] == pytest.approx(80)
