@@ -19,17 +19,24 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent.search.archive import Archive  # noqa: E402
+from agent.search.summary import throughput  # noqa: E402
+from benchmarks.budgeted_child import Segments, run_for  # noqa: E402
+from harness.emulation.layout import gpus_needed  # noqa: E402
+
 # The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
 REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+# The search's segments (one per machine it ran on), kept beside the search folder.
+SEGMENTS = "search-segments.json"
 PROBLEMS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_reduce_residual_rmsnorm")
 
 
@@ -65,6 +72,14 @@ class SmSampler:
         return sum(self.values) / len(self.values) / 100.0 if self.values else None
 
 
+def sm_over(segments: list[dict[str, Any]]) -> float | None:
+    """nvidia-smi's mean utilization over every segment, each weighted by its samples."""
+    samples = sum(int(x.get("sm_samples") or 0) for x in segments if x.get("sm_busy") is not None)
+    if not samples:
+        return None
+    return sum(float(x["sm_busy"]) * int(x["sm_samples"]) for x in segments if x.get("sm_busy") is not None) / samples
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -72,37 +87,38 @@ def main() -> int:
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the search in OUT/runs (carried from another machine): pkb search counts "
+                             "its budget over every session, and busy is taken over every segment")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs"
-    shutil.rmtree(runs / "offline", ignore_errors=True)
-    command = [sys.executable, "-m", "agent.cli", "search", "--model", "scripted:mutator", "--device", args.device,
-               "--world-size", "2", "--problems", *args.problems, "--budget-hours", f"{args.minutes / 60:.4f}",
-               "--seed", str(args.seed), "--runs-dir", str(runs), "--run-id", "offline", "--no-live"]
-    if args.device == "cuda":
-        command += ["--ranks-per-gpu", "2"]
+    if args.resume and not (runs / "offline").is_dir():
+        parser.error(f"--resume: no search to continue in {runs}")
+    if args.resume:
+        # The stored config is what runs; pkb search refuses config options given again.
+        command = [sys.executable, "-m", "agent.cli", "search", "--run-id", "offline", "--runs-dir", str(runs),
+                   "--resume", "--no-live"]
+    else:
+        shutil.rmtree(runs / "offline", ignore_errors=True)
+        (args.out / "search.log").unlink(missing_ok=True)
+        command = [sys.executable, "-m", "agent.cli", "search", "--model", "scripted:mutator", "--device",
+                   args.device, "--world-size", "2", "--problems", *args.problems, "--budget-hours",
+                   f"{args.minutes / 60:.4f}", "--seed", str(args.seed), "--runs-dir", str(runs), "--run-id",
+                   "offline", "--no-live"]
+        if args.device == "cuda":
+            command += ["--ranks-per-gpu", "2"]
+    runs.mkdir(parents=True, exist_ok=True)
+    log = Segments(runs / SEGMENTS, resume=args.resume)
     sampler = SmSampler()
     sampler.start()
-    started = time.perf_counter()
-    with (args.out / "search.log").open("wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": REPO_FIRST})
-        try:
-            proc.wait(timeout=args.minutes * 60 + 300)  # the budget, and time to finish what is in flight
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    wall_s = time.perf_counter() - started
-    sm = sampler.stop()
-    sys.path.insert(0, str(REPO))
-    from agent.search.archive import Archive
-    from agent.search.summary import throughput
-    from harness.emulation.layout import gpus_needed
-
+    # The budget, and time to finish what is in flight; stopped sooner by our caller, it still writes what it has.
+    child = run_for(command, cwd=REPO, log=args.out / "search.log", budget_s=args.minutes * 60 + 300,
+                    env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=log.update)
+    segment_sm = sampler.stop()
+    segments = log.update(child.wall_s, child.ended, sm_busy=segment_sm, sm_samples=len(sampler.values))
+    wall_s = log.wall_s
+    sm = sm_over(segments)
     folder = runs / "offline"
     stats: dict[str, Any] = {}
     verdicts: dict[str, int] = {}
@@ -113,7 +129,9 @@ def main() -> int:
         stats = throughput(archive, gpus_needed(2, 2 if args.device == "cuda" else 1))
         for row in archive.rows(("verdict",)):
             verdicts[str(row["verdict"])] = verdicts.get(str(row["verdict"]), 0) + 1
-    record = {"command": command, "exit_code": proc.returncode, "wall_s": round(wall_s, 1), "sm_busy": sm,
+    record = {"command": command, "exit_code": child.returncode, "ended": child.ended, "wall_s": round(wall_s, 1),
+              "segments": segments,
+              "sm_busy": sm,
               "held_busy": stats.get("busy_fraction"), "candidates": stats.get("candidates"),
               "candidates_per_device_hour": stats.get("candidates_per_device_hour"),
               "candidates_per_hour": stats.get("candidates_per_hour"),
@@ -127,7 +145,8 @@ def main() -> int:
     text = "\n".join([
         f"# Offline search, {args.device}, W = 2{' on one GPU (emulated)' if args.device == 'cuda' else ''}", "",
         "| | |", "|---|---|",
-        f"| wall | {wall_s:.0f} s (budget {args.minutes:.1f} min), exit {proc.returncode} |",
+        f"| wall | {wall_s:.0f} s{f' over {len(segments)} segments (resumed)' if len(segments) > 1 else ''} "
+        f"(budget {args.minutes:.1f} min), exit {child.returncode}, {child.ended} |",
         f"| candidates | {stats.get('candidates', 0)} ({', '.join(f'{k} {v}' for k, v in sorted(verdicts.items()))}) |",
         f"| GPU held by an evaluation | {pct(stats.get('busy_fraction'))} |",
         f"| GPU utilization (nvidia-smi, mean) | {pct(sm)} |",

@@ -19,16 +19,19 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent.report.leases import last_pass_summary  # noqa: E402
+from benchmarks.budgeted_child import ChildRun, Segments, run_for  # noqa: E402
+
+# The replay's segments (one per machine it ran on), kept beside the run folder.
+SEGMENTS = "replay-segments.json"
 # The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
 REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
@@ -58,31 +61,19 @@ def cause_of(message: str) -> str:
     return "other: " + message.splitlines()[0][:120] if message else "other"
 
 
-def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path) -> tuple[float, bool]:
+def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path, segments: Segments) -> ChildRun:
     command = [sys.executable, "-m", "agent.cli", "run", "--model", f"replay:{set_dir}",
                "--source", f"pkb:{args.checkout.resolve()}", "--device", args.device, "--world-size", "2",
                "--no-timing", "--trials", "3", "--concurrency", str(args.concurrency),
                "--runs-dir", str(runs), "--run-id", "replay"]
+    if args.resume:
+        command.append("--resume")
     if args.device == "cuda":
         command += ["--ranks-per-gpu", "2", "--evaluations-per-gpu", str(args.evaluations_per_gpu)]
     print("$", " ".join(command), flush=True)
-    started = time.perf_counter()
-    log = (args.out / "replay.log").open("wb")
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": REPO_FIRST})
-    try:
-        proc.wait(timeout=args.budget_s)
-        finished = True
-    except subprocess.TimeoutExpired:
-        finished = False
-        os.killpg(proc.pid, signal.SIGTERM)  # the runner ends its evaluations (and their pools) on SIGTERM
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log.close()
-    return time.perf_counter() - started, finished
+    # The runner ends its evaluations (and their pools) on SIGTERM, and a resumed run keeps what finished.
+    return run_for(command, cwd=REPO, log=args.out / "replay.log", budget_s=args.budget_s,
+                   env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=segments.update)
 
 
 def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
@@ -118,7 +109,8 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: argparse.Namespace) -> str:
+def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: argparse.Namespace,
+             segments: int = 1) -> str:
     done = [r for r in rows if r.get("status") == "finished"]
     verdicts = Counter(r["verdict"] for r in done)
     causes = Counter(r.get("cause") for r in done if r["verdict"] == "infra_error")
@@ -130,8 +122,10 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
         return f"{xs[len(xs) // 2]:.1f}" if xs else "-"
 
     lines = [f"# Replay of {args.set.name} on one GPU, emulated W = 2", "",
-             f"Command wall: {wall_s:.0f} s (budget {args.budget_s:.0f} s, "
-             f"{'finished' if finished else 'stopped at the budget'}), concurrency {args.concurrency}, "
+             f"Command wall: {wall_s:.0f} s"
+             f"{f' over {segments} segments (resumed)' if segments > 1 else ''} "
+             f"(budget {args.budget_s:.0f} s{' a segment' if segments > 1 else ''}, "
+             f"{'finished' if finished else 'stopped before the end'}), concurrency {args.concurrency}, "
              f"evaluations per GPU {args.evaluations_per_gpu}, "
              f"device {args.device}.", "",
              "| | this run | 2026-12-01 |", "|---|---|---|",
@@ -168,35 +162,40 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=510.0, help="stop the replay after this many seconds")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the dry run")
     parser.add_argument("--limit", type=int, default=None, help="only the first N files (by number)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the replay in OUT/runs (carried from another machine): finished files are "
+                             "kept, and the wall is summed over the segments")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     files = sorted((p.name for p in args.set.glob("*.py")), key=lambda n: (int(n.split("_")[0]), n))
     set_dir = args.set.resolve()
-    staged = None
     if args.limit is not None:
+        # Staged inside OUT and kept, so a resumed run finds the same path.
         files = files[:args.limit]
-        staged = Path(tempfile.mkdtemp(prefix="pkb-replay-set-"))
-        set_dir = staged / args.set.name
-        set_dir.mkdir()
+        set_dir = (args.out / "set" / args.set.name).resolve()
+        set_dir.mkdir(parents=True, exist_ok=True)
         for name in files:
             shutil.copy(args.set / name, set_dir / name)
     runs = args.out / "runs"
-    shutil.rmtree(runs / "replay", ignore_errors=True)
-    try:
-        wall_s, finished = run_replay(args, set_dir, runs)
-    finally:
-        if staged is not None:
-            shutil.rmtree(staged, ignore_errors=True)
+    if args.resume and not (runs / "replay").is_dir():
+        parser.error(f"--resume: no replay to continue in {runs}")
+    if not args.resume:
+        shutil.rmtree(runs / "replay", ignore_errors=True)
+        (args.out / "replay.log").unlink(missing_ok=True)
+    runs.mkdir(parents=True, exist_ok=True)
+    log = Segments(runs / SEGMENTS, resume=args.resume)
+    child = run_replay(args, set_dir, runs, log)
+    segments = log.update(child.wall_s, child.ended)
+    wall_s = log.wall_s
+    finished = child.ended == "done"
     rows = rows_of(runs / "replay", files)
-    sys.path.insert(0, str(REPO))
-    from agent.report.leases import last_pass_summary
-
     events = runs / "replay" / "events.jsonl"
     leases = last_pass_summary(events) if events.exists() else []
     (args.out / "replay.json").write_text(json.dumps({
-        "wall_s": wall_s, "finished": finished, "rows": rows, "before": BEFORE, "concurrency": args.concurrency,
+        "wall_s": wall_s, "finished": finished, "segments": segments, "rows": rows, "before": BEFORE,
+        "concurrency": args.concurrency,
         "evaluations_per_gpu": args.evaluations_per_gpu, "leases": leases}, indent=1))
-    text = markdown(rows, wall_s, finished, args)
+    text = markdown(rows, wall_s, finished, args, len(segments))
     if leases:
         text += "\nThe GPU lease (agent.report.leases, from events.jsonl):\n\n" + "".join(f"- {x}\n" for x in leases)
     (args.out / "replay.md").write_text(text)

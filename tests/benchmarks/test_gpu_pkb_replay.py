@@ -1,0 +1,32 @@
+"""The replay benchmark across machines: a replay resumed on another machine (its run folder carried) reports
+its wall over all its segments, and refuses to resume what is not there."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_pkb_replay as replay
+
+
+def test_the_table_says_the_wall_is_summed_over_segments() -> None:
+    args = argparse.Namespace(set=Path("solutions_x"), budget_s=540.0, concurrency=14, evaluations_per_gpu=4,
+                              device="cuda")
+    rows = [{"file": "1_a.py", "problem": "1_a", "status": "finished", "verdict": "correct", "seconds": 10.0}]
+    assert "Command wall: 1450 s over 3 segments" in replay.markdown(rows, 1450.0, True, args, segments=3)
+    assert "Command wall: 900 s (budget 540 s, finished)" in replay.markdown(rows, 900.0, True, args)
+
+
+def test_resume_without_a_replay_to_continue_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "1_a.py").write_text("")
+    monkeypatch.setattr(sys, "argv", ["gpu_pkb_replay.py", "--checkout", str(tmp_path), "--set",
+                                      str(tmp_path / "set"), "--out", str(tmp_path / "out"), "--resume"])
+    with pytest.raises(SystemExit) as stopped:
+        replay.main()
+    assert stopped.value.code == 2
+    assert "no replay to continue" in capsys.readouterr().err
