@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 # The child's own grace to end its evaluations (and their rank pools) after SIGTERM, before SIGKILL.
 GRACE_S = 30.0
@@ -30,7 +30,7 @@ class _Stopped(Exception):
 @dataclass(frozen=True)
 class ChildRun:
     wall_s: float
-    ended: str  # "done" | "budget" | "stopped"
+    ended: Literal["done", "budget", "stopped"]
     returncode: int | None
 
 
@@ -79,11 +79,16 @@ def run_for(command: list[str], *, cwd: Path, log: Path, budget_s: float, env: M
                 except subprocess.TimeoutExpired:
                     if on_tick is not None:
                         on_tick(time.perf_counter() - started)
-            ended = "done"
+            ended: Literal["done", "budget", "stopped"] = "done"
         except subprocess.TimeoutExpired:
             ended = "budget"
         except (_Stopped, KeyboardInterrupt):
             ended = "stopped"
+        except BaseException:
+            # Our own failure (an on_tick that raised, say) must not leave the child running either.
+            with _ignoring_stops():
+                _end_group(proc)
+            raise
         if ended != "done":
             # A second signal while the child winds down must not leave it behind.
             with _ignoring_stops():

@@ -134,3 +134,16 @@ def test_the_open_segment_is_written_as_the_child_runs(tmp_path: Path) -> None:
                   on_tick=ticks.append, tick_s=0.25)
     assert run.ended == "done"
     assert len(ticks) >= 2 and ticks == sorted(ticks)
+
+
+def test_a_failure_of_our_own_while_waiting_ends_the_child_too(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+
+    def full_disk(wall_s: float) -> None:
+        if pid_file.exists():
+            raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        run_for(_grandchild_command(pid_file), cwd=tmp_path, log=tmp_path / "log", budget_s=60, env=os.environ,
+                on_tick=full_disk, tick_s=0.2)
+    assert _wait_gone(_read_pid(pid_file))
