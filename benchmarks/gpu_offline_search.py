@@ -109,15 +109,15 @@ def main() -> int:
         if args.device == "cuda":
             command += ["--ranks-per-gpu", "2"]
     runs.mkdir(parents=True, exist_ok=True)
-    log = Segments(runs / SEGMENTS, resume=args.resume)
+    history = Segments(runs / SEGMENTS, resume=args.resume)
     sampler = SmSampler()
     sampler.start()
     # The budget, and time to finish what is in flight; stopped sooner by our caller, it still writes what it has.
     child = run_for(command, cwd=REPO, log=args.out / "search.log", budget_s=args.minutes * 60 + 300,
-                    env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=log.update)
+                    env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=history.update)
     segment_sm = sampler.stop()
-    segments = log.update(child.wall_s, child.ended, sm_busy=segment_sm, sm_samples=len(sampler.values))
-    wall_s = log.wall_s
+    segments = history.update(child.wall_s, child.ended, sm_busy=segment_sm, sm_samples=len(sampler.values))
+    wall_s = history.wall_s
     sm = sm_over(segments)
     folder = runs / "offline"
     stats: dict[str, Any] = {}

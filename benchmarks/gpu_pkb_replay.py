@@ -61,7 +61,7 @@ def cause_of(message: str) -> str:
     return "other: " + message.splitlines()[0][:120] if message else "other"
 
 
-def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path, segments: Segments) -> ChildRun:
+def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path, history: Segments) -> ChildRun:
     command = [sys.executable, "-m", "agent.cli", "run", "--model", f"replay:{set_dir}",
                "--source", f"pkb:{args.checkout.resolve()}", "--device", args.device, "--world-size", "2",
                "--no-timing", "--trials", "3", "--concurrency", str(args.concurrency),
@@ -73,7 +73,7 @@ def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path, segments: Se
     print("$", " ".join(command), flush=True)
     # The runner ends its evaluations (and their pools) on SIGTERM, and a resumed run keeps what finished.
     return run_for(command, cwd=REPO, log=args.out / "replay.log", budget_s=args.budget_s,
-                   env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=segments.update)
+                   env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=history.update)
 
 
 def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
@@ -183,10 +183,10 @@ def main() -> int:
         shutil.rmtree(runs / "replay", ignore_errors=True)
         (args.out / "replay.log").unlink(missing_ok=True)
     runs.mkdir(parents=True, exist_ok=True)
-    log = Segments(runs / SEGMENTS, resume=args.resume)
-    child = run_replay(args, set_dir, runs, log)
-    segments = log.update(child.wall_s, child.ended)
-    wall_s = log.wall_s
+    history = Segments(runs / SEGMENTS, resume=args.resume)
+    child = run_replay(args, set_dir, runs, history)
+    segments = history.update(child.wall_s, child.ended)
+    wall_s = history.wall_s
     finished = child.ended == "done"
     rows = rows_of(runs / "replay", files)
     events = runs / "replay" / "events.jsonl"
