@@ -760,6 +760,12 @@ def test_the_cgroup_of_a_killed_harness_is_removed_by_the_next_pool_and_a_live_o
     assert maker.stdout is not None
     orphan = Path(maker.stdout.readline().strip())
     inside = subprocess.Popen(MemoryCgroup(orphan, 1).join_command(["sleep", "600"]))
+    # The shell joins the cgroup after Popen returns: sweep only once it is in, or it finds no cgroup to join.
+    for _ in range(300):
+        if str(inside.pid) in (orphan / "cgroup.procs").read_text().split() or inside.poll() is not None:
+            break
+        time.sleep(0.01)
+    assert inside.poll() is None, "the process never joined the cgroup"
     mine = MemoryCgroup.create("pkb-test-live", 1 << 30)
     assert mine is not None
     try:
