@@ -6,6 +6,8 @@ alike.
     python benchmarks/eval_cost.py --before .device/before31 --device cuda --repeats 2 --out OUT   # one H200
     python benchmarks/eval_cost.py --before OLD --shape decode --variants before after \
         --candidates tests/exploits/_shm_all_reduce.py tests/candidates/correct_all_gather_sum.py
+    python benchmarks/eval_cost.py --before OLD --shape default --no-timing --variants before after \
+        --candidates tests/candidates/correct_all_gather_sum.py tests/candidates/output_mismatch_rank1.py
 
 Each evaluation runs in a fresh interpreter (its own process, as `pkb eval` would) and reports the
 seconds evaluate() took, from inside, plus its stages. Variants: `before` (the other tree, as it was),
@@ -36,23 +38,25 @@ import json, sys, time
 from harness.config import EvalConfig, TimingConfig
 from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
-device, shape = sys.argv[2], sys.argv[3]
+device, shape, skip_timing = sys.argv[2], sys.argv[3], sys.argv[4] == "untimed"
 problem = get(load_suite(), "all_reduce")
 started = time.perf_counter()
 r = evaluate(problem, sys.argv[1], world_size=2, device=device, shape=shape,
-             config=EvalConfig(trials=5, timing=TimingConfig.for_device(device), use_reference_cache=False))
+             config=EvalConfig(trials=5, timing=TimingConfig.for_device(device), use_reference_cache=False,
+                                skip_timing=skip_timing))
 timed = {"median_ms": r.timings.candidate.median_ms, "reference_ms": r.timings.reference.median_ms} if r.timings else {}
 print(json.dumps({"seconds": time.perf_counter() - started, "verdict": r.verdict, "stages": r.stages, **timed,
                   "sandbox": r.integrity.get("sandbox", {}).get("backend", "none (before)")}))
 """
 
 
-def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: str) -> dict:
+def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: str, timed: bool = True) -> dict:
     # The tree first; what the caller's path held after it (a GPU machine's carried wheels, say).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     if sandbox_off:
         env["PKB_SANDBOX"] = "off"
-    done = subprocess.run([sys.executable, "-c", ONE, str(candidate), device, shape], cwd=tree, env=env,
+    done = subprocess.run([sys.executable, "-c", ONE, str(candidate), device, shape,
+                           "timed" if timed else "untimed"], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
@@ -84,6 +88,8 @@ def main() -> int:
                         "(each taken from this tree, so it need not exist in the old one)")
     parser.add_argument("--variants", nargs="+", choices=("before", "after", "after_no_sandbox"),
                         default=["before", "after", "after_no_sandbox"])
+    parser.add_argument("--no-timing", action="store_true", help="correctness only: the check stage is the "
+                        "judge's work on the outputs (a large shape shows its comparisons)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no round after this many seconds")
     parser.add_argument("--out", type=Path, default=None, help="a folder (eval_cost.json, eval_cost.md) or a .json")
     args = parser.parse_args()
@@ -100,7 +106,7 @@ def main() -> int:
             for name in names:
                 tree, off = variants[name]
                 row = {"repeat": repeat, "candidate": candidate, "variant": name, "shape": args.shape,
-                       **run_one(tree, ROOT / candidate, off, args.device, args.shape)}
+                       **run_one(tree, ROOT / candidate, off, args.device, args.shape, not args.no_timing)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     summary: dict = {}
@@ -126,16 +132,17 @@ def main() -> int:
             summary[candidate]["sandbox_cost_s"] = round(medians["after"] - medians["after_no_sandbox"], 3)
     rounds = 1 + max(r["repeat"] for r in rows)
     result = {"date": time.strftime("%Y-%m-%d"), "wall_s": round(time.time() - started, 1), "device": args.device,
-              "shape": args.shape, "repeats": rounds, "before": str(args.before), "summary": summary, "rows": rows}
+              "shape": args.shape, "untimed": args.no_timing, "repeats": rounds, "before": str(args.before),
+              "summary": summary, "rows": rows}
     text = table(summary, args.before.name)
+    heading = f"{args.device}, shape {args.shape}{', untimed' if args.no_timing else ''}, W=2, medians of {rounds}"
     if args.out:
         folder = args.out if args.out.suffix != ".json" else args.out.parent
         folder.mkdir(parents=True, exist_ok=True)
         (args.out if args.out.suffix == ".json" else folder / "eval_cost.json").write_text(json.dumps(result, indent=1))
         if args.out.suffix != ".json":
-            (folder / "eval_cost.md").write_text(f"{args.device}, shape {args.shape}, W=2, medians of {rounds}\n\n"
-                                                 f"{text}\n")
-    print(f"{args.device}, shape {args.shape}, W=2, medians of {rounds} (seconds per evaluation)")
+            (folder / "eval_cost.md").write_text(f"{heading}\n\n{text}\n")
+    print(f"{heading} (seconds per evaluation)")
     print(text)
     return 0
 

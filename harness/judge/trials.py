@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import failures, hostile_files, integrity
-from harness.common.compare import compare_outputs
+from harness.common.compare import compare_outputs, matches
 from harness.common.integrity import IntegrityConfig
 from harness.rank import transport
 
@@ -159,7 +159,7 @@ class Judge:
         got = self._read(paths["output"], limit)
         if reply.get("changed_after_return"):
             later = self._read(paths["output"] + ".later", limit)
-            right_later = compare_outputs(expected, later, self.atol, self.rtol)["ok"]
+            right_later = matches(expected, later, self.atol, self.rtol)
             later_note = "; only the later value is right" if right_later else ""
             self._fail(result, _failure(failures.OUTPUT_MISMATCH, f"{where}: the output changed after the call "
                                         f"returned (work left running{later_note})", rank=rank), lazy_flag)
@@ -174,7 +174,7 @@ class Judge:
             else:
                 flags = []
                 message = f"{where}: {verdict['message']}"
-                if previous is not None and compare_outputs(previous[0], got, self.atol, self.rtol)["ok"]:
+                if previous is not None and matches(previous[0], got, self.atol, self.rtol):
                     flags.append(integrity.STALE_OUTPUT)
                     message += " (the output equals the previous call's answer: stale result)"
                 self._fail(result, _failure(verdict["verdict"], message, rank=rank,
@@ -219,7 +219,7 @@ class Judge:
         late_path = paths["previous_output"]
         if previous is not None and previous[1] and self.files.exists(late_path):
             now = self._read(late_path, previous[2])
-            if compare_outputs(previous[0], now, self.atol, self.rtol)["ok"]:
+            if matches(previous[0], now, self.atol, self.rtol):
                 result.flags.add(integrity.LAZY_OUTPUT)
                 result.flags.add("lazy:previous_call_filled_in_later")
                 return
