@@ -103,24 +103,37 @@ def same_bytes(a: Any, b: Any) -> bool:
         return True
 
 
-def fingerprint(value: Any, chunk: int = 1 << 24) -> list[int]:
-    """Exact integer sums of every tensor leaf's bytes (plain and position-weighted), computed on the
-    tensor's device. Integer arithmetic gives the same numbers on any device and in any order, so the
-    reference pool's fingerprint of pristine inputs and a candidate rank's fingerprint after its call
-    can be compared by the judge without moving the inputs."""
+# Bytes of a leaf summed at once: on the host, small enough that the chunk's int64 copies stay in the caches
+# (a 16 MiB chunk made eight 128 MiB passes through memory: 2.6 s for a 128 MiB input on the 2-core machine,
+# 0.5 s in 64 KiB chunks); on a GPU, large enough that the kernel launches do not add up.
+HOST_FINGERPRINT_CHUNK = 1 << 16
+DEVICE_FINGERPRINT_CHUNK = 1 << 24
+
+
+def fingerprint(value: Any, chunk: int | None = None) -> list[int]:
+    """Exact integer sums of every tensor leaf's bytes (plain and position-weighted), two per leaf, computed
+    on the tensor's device. Integer arithmetic (modulo 2^64) gives the same numbers on any device, in any
+    order and for any `chunk` (bytes summed at once; by default by device), so the reference pool's
+    fingerprint of pristine inputs and a candidate rank's fingerprint after its call can be compared by the
+    judge without moving the inputs."""
     parts: list[torch.Tensor] = []
     with pristine.quiet():
         for leaf in leaves(value):
             if not isinstance(leaf, torch.Tensor) or pristine.numel(leaf) == 0:
                 continue
             raw = _raw(leaf)
+            device = pristine.device_of(raw)
+            step = chunk or (HOST_FINGERPRINT_CHUNK if device.type == "cpu" else DEVICE_FINGERPRINT_CHUNK)
             total = pristine.numel(raw)
-            for start in range(0, total, chunk):
-                count = min(chunk, total - start)
+            sums: list[torch.Tensor] = []
+            weighted: list[torch.Tensor] = []
+            for start in range(0, total, step):
+                count = min(step, total - start)
                 words = pristine.to(pristine.narrow(raw, 0, start, count), pristine.int64)
-                weights = pristine.remainder(pristine.arange(start + 1, start + 1 + count,
-                                                             device=pristine.device_of(raw)), 1_000_003)
-                parts += [pristine.tensor_sum(words), pristine.tensor_sum(pristine.mul(words, weights))]
+                weights = pristine.remainder(pristine.arange(start + 1, start + 1 + count, device=device), 1_000_003)
+                sums.append(pristine.tensor_sum(words))
+                weighted.append(pristine.tensor_sum(pristine.mul(words, weights)))
+            parts += [pristine.tensor_sum(pristine.stack(sums)), pristine.tensor_sum(pristine.stack(weighted))]
         return [int(v) for v in pristine.tolist(pristine.stack(parts))] if parts else []
 
 

@@ -68,3 +68,17 @@ def test_the_output_is_copied_at_return_and_again_later():
     assert at_return.tolist() == [1.0, 1.0] and later.tolist() == [1.0, 1.0]
     _, not_plain, none_later = call_with_snapshots(call, (torch.ones(2),), CPU, 0.0, 0, lambda out: False)
     assert not_plain is None and none_later is None
+
+
+def test_a_fingerprint_is_the_same_for_any_chunk_and_is_the_exact_sums_of_the_bytes():
+    """The reference pool and a candidate rank may sum in different chunks (by device): the numbers must
+    not depend on it. Two per tensor leaf; empty tensors and non-tensors add none."""
+    value = (torch.arange(-5000, 5000, dtype=torch.int64) * (1 << 40), torch.randn(3, 333), [torch.ones(0)], 7)
+    prints = {tuple(fingerprint(value, chunk)) for chunk in (1, 3, 1000, 1 << 16, 1 << 24)}
+    assert prints == {tuple(fingerprint(value))}
+
+    expected = []
+    for leaf in value[:2]:
+        data = leaf.contiguous().view(-1).view(torch.uint8).tolist()
+        expected += [sum(data), sum(b * ((i + 1) % 1_000_003) for i, b in enumerate(data))]
+    assert fingerprint(value) == expected
