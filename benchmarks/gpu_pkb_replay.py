@@ -96,6 +96,7 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
                "compile_s": executor.get("build_before_lease_s", stages.get("compile")),
                "held_s": executor.get("held_s"),
                "build_in_call_s": stages.get("build_in_call"), "reference_s": stages.get("reference"),
+               "check_s": stages.get("check"),  # the calls and the judge's comparisons, with the GPU leased
                "reason": message.splitlines()[0][:200] if message else "",
                "reference_cost": (result.get("integrity") or {}).get("reference_cost"),
                "shared": bool(executor.get("shared")), "judged_again_alone": executor.get("judged_again_alone")}
@@ -107,6 +108,10 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
         if name not in seen and not any(r["file"] == name for r in rows):
             rows.append({"file": name, "problem": "", "status": "not started", "verdict": None})
     return rows
+
+
+def _seconds(value: Any) -> str:
+    return f"{float(value):.1f}" if value is not None else ""
 
 
 def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: argparse.Namespace,
@@ -140,14 +145,15 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
              f" / {len(again)} ({sum(1 for r in again if r['judged_again_alone'] == r['verdict'])}) | - |",
              f"| compile stage, median (p90) | {median(compile_s)} s "
              f"({compile_s[int(0.9 * (len(compile_s) - 1))]:.1f} s) |" if compile_s else "| compile stage | - |",
-             "", "| file | problem | verdict | s | compile s | build in call s | cause / reason |",
-             "|---|---|---|---|---|---|---|"]
+             "",
+             "| file | problem | verdict | s | compile s | build in call s | GPU held s | check s | cause / reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (int(r["file"].split("_")[0]) if r["file"][:1].isdigit() else 999,
                                          r["file"])):
         reason = r.get("cause") or r.get("reason") or r.get("status") or ""
         lines.append(f"| {r['file']} | {r['problem']} | {r['verdict'] or r.get('status')} | {r.get('seconds') or ''} "
-                     f"| {r.get('compile_s') or ''} | {r.get('build_in_call_s') or ''} | "
-                     f"{str(reason).replace('|', '/')[:140]} |")
+                     f"| {r.get('compile_s') or ''} | {r.get('build_in_call_s') or ''} | {_seconds(r.get('held_s'))} "
+                     f"| {_seconds(r.get('check_s'))} | {str(reason).replace('|', '/')[:140]} |")
     return "\n".join(lines) + "\n"
 
 

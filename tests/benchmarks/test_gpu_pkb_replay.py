@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +31,16 @@ def test_resume_without_a_replay_to_continue_is_refused(tmp_path: Path, monkeypa
         replay.main()
     assert stopped.value.code == 2
     assert "no replay to continue" in capsys.readouterr().err
+
+
+def test_each_file_shows_how_long_it_held_the_gpu_and_how_long_its_check_took() -> None:
+    """The long holds of the whole-set runs were checks (77_magi1's comparisons): the table shows both."""
+    args = argparse.Namespace(set=Path("solutions_x"), budget_s=540.0, concurrency=14, evaluations_per_gpu=4,
+                              device="cuda")
+    magi = {"file": "78_magi.py", "problem": "77_magi", "status": "finished", "verdict": "output_mismatch",
+            "seconds": 554.7, "compile_s": 127.6, "held_s": 243.000656, "check_s": 101.04, "reason": "bad"}
+    vae = {"file": "79_vae.py", "problem": "78_vae", "status": "running", "verdict": None}
+    rows: list[dict[str, Any]] = [magi, vae]
+    table = replay.markdown(rows, 900.0, False, args)
+    assert "| 78_magi.py | 77_magi | output_mismatch | 554.7 | 127.6 |  | 243.0 | 101.0 | bad |" in table
+    assert "| 79_vae.py | 78_vae | running |  |  |  |  |  | running |" in table
