@@ -259,6 +259,8 @@ class _Evaluation:
         self.stages["compile"] = outcome.seconds
         if outcome.cleanup:
             self.evidence["stopped_build"] = outcome.cleanup
+        if outcome.built_again_alone:
+            self.evidence["built_again_alone"] = outcome.built_again_alone
         if outcome.builds:
             self.evidence["builds"] = outcome.builds
         if not outcome.ok:
