@@ -90,11 +90,19 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true",
                         help="continue the search in OUT/runs (carried from another machine): pkb search counts "
                              "its budget over every session, and busy is taken over every segment")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: the figures of the search in OUT/runs as its last copy holds them (a "
+                             "device call that ended before the search did brings back the folder, not the report)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs"
-    if args.resume and not (runs / "offline").is_dir():
-        parser.error(f"--resume: no search to continue in {runs}")
+    if (args.resume or args.report_only) and not (runs / "offline").is_dir():
+        parser.error(f"no search in {runs}")
+    if args.report_only:
+        segments = json.loads((runs / SEGMENTS).read_text()) if (runs / SEGMENTS).exists() else []
+        print(report(args, segments, command=None, exit_code=None,
+                     ended=f"report from the folder ({segments[-1]['ended'] if segments else 'no segments'})"))
+        return 0
     if args.resume:
         # The stored config is what runs; pkb search refuses config options given again.
         command = [sys.executable, "-m", "agent.cli", "search", "--run-id", "offline", "--runs-dir", str(runs),
@@ -117,19 +125,35 @@ def main() -> int:
                     env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=history.update)
     segment_sm = sampler.stop()
     segments = history.update(child.wall_s, child.ended, sm_busy=segment_sm, sm_samples=len(sampler.values))
-    wall_s = history.wall_s
+    print(report(args, segments, command=command, exit_code=child.returncode, ended=child.ended))
+    return 0
+
+
+def report(args: argparse.Namespace, segments: list[dict[str, Any]], *, command: list[str] | None,
+           exit_code: int | None, ended: str) -> str:
+    """OUT/search.json and OUT/search.md from the search folder and its segments; the markdown."""
+    wall_s = sum(float(x["wall_s"]) for x in segments)
     sm = sm_over(segments)
+    runs = args.out / "runs"
     folder = runs / "offline"
+    # What the search ran with, from its own record (a report from the folder has no options of its own).
+    config = json.loads((folder / "search.json").read_text()).get("config", {}) if (folder / "search.json").exists() \
+        else {}
+    device = config.get("device", args.device)
+    ranks_per_gpu = int(config.get("ranks_per_gpu") or (2 if device == "cuda" else 1))
+    wall_hours = (config.get("budget") or {}).get("wall_hours")
+    minutes = 60 * float(wall_hours) if wall_hours else args.minutes
     stats: dict[str, Any] = {}
     verdicts: dict[str, int] = {}
     if (folder / "archive.sqlite").exists():
         archive = Archive(folder / "archive.sqlite")
         # One evaluation holds the GPUs its ranks need: both ranks share one GPU here (2026-12-02's figure passed 2
         # and halved the busy fraction).
-        stats = throughput(archive, gpus_needed(2, 2 if args.device == "cuda" else 1))
+        stats = throughput(archive, gpus_needed(2, ranks_per_gpu))
         for row in archive.rows(("verdict",)):
-            verdicts[str(row["verdict"])] = verdicts.get(str(row["verdict"]), 0) + 1
-    record = {"command": command, "exit_code": child.returncode, "ended": child.ended, "wall_s": round(wall_s, 1),
+            verdict = "not judged" if row["verdict"] is None else str(row["verdict"])  # in flight at the end
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    record = {"command": command, "exit_code": exit_code, "ended": ended, "wall_s": round(wall_s, 1),
               "segments": segments,
               "sm_busy": sm,
               "held_busy": stats.get("busy_fraction"), "candidates": stats.get("candidates"),
@@ -143,10 +167,10 @@ def main() -> int:
 
     per = stats.get("seconds_per_candidate") or {}
     text = "\n".join([
-        f"# Offline search, {args.device}, W = 2{' on one GPU (emulated)' if args.device == 'cuda' else ''}", "",
+        f"# Offline search, {device}, W = 2{' on one GPU (emulated)' if ranks_per_gpu == 2 else ''}", "",
         "| | |", "|---|---|",
         f"| wall | {wall_s:.0f} s{f' over {len(segments)} segments (resumed)' if len(segments) > 1 else ''} "
-        f"(budget {args.minutes:.1f} min), exit {child.returncode}, {child.ended} |",
+        f"(budget {minutes:.1f} min), exit {exit_code}, {ended} |",
         f"| candidates | {stats.get('candidates', 0)} ({', '.join(f'{k} {v}' for k, v in sorted(verdicts.items()))}) |",
         f"| GPU held by an evaluation | {pct(stats.get('busy_fraction'))} |",
         f"| GPU utilization (nvidia-smi, mean) | {pct(sm)} |",
@@ -155,8 +179,7 @@ def main() -> int:
         "| seconds per candidate | " + ", ".join(f"{k} {v:.2f}" for k, v in per.items() if v is not None) + " |",
     ]) + "\n"
     (args.out / "search.md").write_text(text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":
