@@ -6,6 +6,10 @@ runs before) went past its 180 s limit, a compile_error that only the run's --co
 (2026-12-03, docs/pkb.md). A build that overran its limit beside others is therefore built again alone
 (harness.compiling.compile); only an overrun alone is the candidate's. `alone()` has priority over builds not
 yet started, so a stream of new builds cannot keep it waiting for ever.
+
+The slots are this process's: the builds of a `pkb run` or `pkb search` (the local executor's threads). Builds
+of other processes on the machine (another run, Ray's tasks, each a process of its own) are neither limited
+nor counted as neighbours.
 """
 
 from __future__ import annotations
