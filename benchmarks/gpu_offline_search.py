@@ -137,8 +137,8 @@ def report(args: argparse.Namespace, segments: list[dict[str, Any]], *, command:
     runs = args.out / "runs"
     folder = runs / "offline"
     # What the search ran with, from its own record (a report from the folder has no options of its own).
-    config = json.loads((folder / "search.json").read_text()).get("config", {}) if (folder / "search.json").exists() \
-        else {}
+    stored = folder / "search.json"
+    config = json.loads(stored.read_text()).get("config", {}) if stored.exists() else {}
     device = config.get("device", args.device)
     ranks_per_gpu = int(config.get("ranks_per_gpu") or (2 if device == "cuda" else 1))
     wall_hours = (config.get("budget") or {}).get("wall_hours")

@@ -249,7 +249,6 @@ def test_no_more_native_builds_run_at_once_than_there_are_slots_and_a_wait_is_no
     assert built.count("twin.py") == 1 and sorted(o.cached for o in outcomes) == [False, True]
 
 
-
 def _overrun(seconds: float) -> build.CompileOutcome:
     return build.CompileOutcome(False, seconds, "compile_error", f"compilation did not finish within {seconds:.0f} s",
                                 native=True, timed_out=True)
