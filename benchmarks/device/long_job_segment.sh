@@ -3,7 +3,7 @@
 # `long_job_segment.sh replay|search [--resume]`; marks its end in /tmp/JOB-out/DONE. JOB_ARGS adds options
 # (`--device cpu --limit 2`: the dry run of these scripts on a CPU machine). REPLAY_BUDGET_S (1450) is the whole
 # replay's wall over all its segments; SEARCH_MINUTES (10.5) the search's budget, which pkb search counts over
-# its sessions itself.
+# its sessions itself; REPLAY_SET names the recorded set of .pkb/first (GPT-5.5's by default).
 job=$1
 resume=${2:-}
 cd "$(dirname "$0")/../.." || exit 1
@@ -16,7 +16,7 @@ print(int(sum(s['wall_s'] for s in json.loads(p.read_text()))) if p.exists() els
   echo "replay: ${used} s in earlier segments, ${budget} s left" >> $R/MARKS
   [ $budget -gt 0 ] || { echo 0 > $R/DONE; exit 0; }
   python3 benchmarks/gpu_pkb_replay.py --checkout .pkb/first \
-    --set .pkb/first/solutions_cuda_bf16_h100_8_openai_gpt-5.5 --out $R --concurrency "${REPLAY_CONCURRENCY:-14}" \
+    --set .pkb/first/${REPLAY_SET:-solutions_cuda_bf16_h100_8_openai_gpt-5.5} --out $R --concurrency "${REPLAY_CONCURRENCY:-14}" \
     --evaluations-per-gpu 4 --budget-s $budget $resume ${JOB_ARGS:-} > $R/driver.log 2>&1
 else
   python3 benchmarks/gpu_offline_search.py --out $R --minutes "${SEARCH_MINUTES:-10.5}" $resume ${JOB_ARGS:-} \
