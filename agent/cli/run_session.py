@@ -28,7 +28,7 @@ from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
 from agent.report.leases import last_pass_summary
-from agent.rundir import FINISHED, RunDir, write_json_atomic
+from agent.rundir import RunDir, write_json_atomic
 from agent.runner import (
     RunConfig,
     RunError,
@@ -277,9 +277,9 @@ def say_what_is_left(runner: Runner) -> None:
     """`--resume` (`--retry-infra`): how many samples are finished, how many are left and how many ended in
     infra_error (judged again), or that nothing is left."""
     specs = runner.plan()
-    records = [runner.run_dir.sample(s.problem.name, s.condition.name, s.k).record() for s in specs]
-    done = sum(1 for r in records if r is not None and r.get("status") == FINISHED)
-    infra = sum(1 for r in records if r is not None and r.get("status") == FINISHED and is_infra(r))
+    finished = [spec for spec in specs if runner.is_finished(spec)]
+    done = len(finished)
+    infra = sum(1 for s in finished if is_infra(runner.run_dir.sample(s.problem.name, s.condition.name, s.k).record()))
     name = runner.run_dir.path.name
     again = f", {infra} of them in infra_error: judged again" if infra else ""
     if runner.retry_infra_only:
