@@ -8,7 +8,7 @@
      "prompts_sha256": "<sha256 over prompts.hashes()>",
      "model": {"model": "openai:gpt-5.5", "temperature": null, "reasoning_effort": "high", ...},
      "seed": 0, "trials": 5, "budgets": {...}, "samples": 3, "device": "cuda", "world_size": 2,
-     "ranks_per_gpu": 1, "shape": "default", "skip_timing": false, "guide_in_prompt": true, ...,
+     "ranks_per_gpu": 1, "shape": "default", "skip_timing": false, "guide_in_prompt": true, "precision": "bf16", ...,
      "executor": "local",
      "hardware": {"fingerprint": "<harness.records.environment.hardware_key>", "gpus": [...], "gpu_count": 1,
                   "cpu_count": 16, "platform": "..."}}
@@ -43,8 +43,10 @@ GIT_TIMEOUT_S = 20.0
 MODEL_KEYS = ("model", "temperature", "max_reply_tokens", "reasoning_effort", "thinking_budget", "base_url",
               "api_key_env", "models", "context_window", "prices")
 # The run config's keys that describe the experiment besides the model and the condition: they must agree.
+# "precision": a PKB checkout's dtype and tolerance, and the precision PKB's prompt names (null: this suite's own).
 SETTING_KEYS = ("samples", "problems", "source", "device", "world_size", "ranks_per_gpu", "shape", "budgets", "seed",
-                "trials", "skip_timing", "guide_in_prompt", "answer_tokens", "context_share", "prompt_cache")
+                "trials", "skip_timing", "guide_in_prompt", "answer_tokens", "context_share", "prompt_cache",
+                "precision")
 # The comparable view's keys of the model's settings start with this.
 MODEL_PREFIX = "model."
 

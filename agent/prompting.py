@@ -39,15 +39,17 @@ class PromptChoice:
     name: str = OURS
     checkout: str | None = None  # PKB's prompts: the checkout they are read from
     hardware: str | None = pkb_generator.DEFAULT_HARDWARE
+    precision: str | None = None  # the run's --precision; None: the checkout's meta.default_precision
 
     @property
     def settings(self) -> pkb_generator.PkbSettings:
-        return pkb_generator.PkbSettings(hardware=self.hardware)
+        return pkb_generator.PkbSettings(precision=self.precision, hardware=self.hardware)
 
 
-def parse_prompt(text: str | None, source: str | None, hardware: str | None = None) -> PromptChoice:
+def parse_prompt(text: str | None, source: str | None, hardware: str | None = None,
+                 precision: str | None = None) -> PromptChoice:
     """`pkb-agent` (default), `pkb` (the checkout of --source pkb:PATH) or `pkb:PATH`, checked now: the
-    checkout must have PKB's generator and templates, and the hardware profile must be one of them."""
+    checkout must have PKB's generator and templates, and the hardware profile and precision must be among them."""
     text = (text or OURS).strip()
     if text == OURS:
         if hardware is not None:
@@ -66,10 +68,10 @@ def parse_prompt(text: str | None, source: str | None, hardware: str | None = No
     try:
         cfg = pkb_generator.load_templates(checkout)
         pkb_generator.generator_facts(checkout)
-        pkb_generator.resolved(cfg, pkb_generator.PkbSettings(hardware=hw))
+        pkb_generator.resolved(cfg, pkb_generator.PkbSettings(precision=precision, hardware=hw))
     except pkb_generator.PkbPromptError as err:
         raise PromptChoiceError(str(err)) from None
-    return PromptChoice(PKB, str(checkout), hw)
+    return PromptChoice(PKB, str(checkout), hw, precision)
 
 
 def check_conditions(choice: PromptChoice, conditions: list[Condition]) -> None:

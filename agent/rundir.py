@@ -22,6 +22,7 @@ RUN_SCHEMA = "pkb-run/1"
 SAMPLE_SCHEMA = "pkb-sample/1"
 RUNNING = "running"
 FINISHED = "finished"
+ATTEMPTS_DIR = "attempts"  # a sample's earlier judgements, one folder each (docs/run-layout.md)
 
 
 def _umask() -> int:

@@ -17,8 +17,10 @@ agent.graph.score_file), provider outages that outlast the retries (the sample s
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -57,6 +59,7 @@ from agent.providers import make_chat_model, parse_model_spec
 from agent.reasoning import ReasoningConfig
 from agent.replay import ReplaySet
 from agent.rundir import (
+    ATTEMPTS_DIR,
     FINISHED,
     RUN_SCHEMA,
     RUNNING,
@@ -83,6 +86,10 @@ from harness.measure.discovery import TopologyError
 from harness.problems.problem import Problem
 from harness.records.environment import environment
 from tools.bash import prepare as prepare_shell
+
+# 30 s, 2 min, 5 min: a pool that did not start or a reference that overran often clears in minutes, not seconds
+# (agent.scoring's own retries come back to back, about 12 s in all).
+DEFAULT_INFRA_WAITS_S = (30.0, 120.0, 300.0)
 
 
 class RunError(ValueError):
@@ -133,10 +140,17 @@ class RunConfig(BaseModel):
     prompt: str = prompting.OURS  # agent.prompting: "pkb-agent", or "pkb:CHECKOUT" (PKB's own, from a checkout)
     pkb_hardware: str | None = None  # --prompt pkb: PKB's hardware profile (None: h100_8, "none": none)
     shell_timeout_s: float = 120.0  # bash: the time limit of one shell command (PKB's agent: 900 s)
+    # PKB's precision (harness.problems.parallelkernelbench.checkout.PRECISIONS): a checkout's inputs, tolerances and
+    # PKB's prompt. None: this suite without PKB's prompt, or a run made before the option (bf16 inputs, the
+    # checkout's default precision in PKB's prompt).
+    precision: str | None = None
+    # Seconds between judgements of a sample that ended in infra_error (the harness's failure): it is judged again
+    # after each, up to len(infra_waits_s) more times in one pass; `--resume` and `--retry-infra` judge it again.
+    infra_waits_s: list[float] = Field(default_factory=lambda: list(DEFAULT_INFRA_WAITS_S))
 
     @property
     def prompt_choice(self) -> prompting.PromptChoice:
-        return prompting.parse_prompt(self.prompt, self.source, self.pkb_hardware)
+        return prompting.parse_prompt(self.prompt, self.source, self.pkb_hardware, self.precision)
 
     @property
     def budget(self) -> Budget:
@@ -176,6 +190,30 @@ class SampleSpec:
         return f"{self.problem.name}/{self.condition.name}/{self.k}"
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A sample to run, or (`again`) to judge again after `after_wait_s`."""
+
+    spec: SampleSpec
+    again: bool = False
+    after_wait_s: float | None = None
+
+
+@dataclass(frozen=True)
+class _Later:
+    """An infra_error sample waiting until `due` (the runner's clock) to be judged again; `record` is on disk."""
+
+    due: float
+    spec: SampleSpec
+    record: dict[str, Any]
+    wait_s: float
+
+
+def is_infra(record: dict[str, Any] | None) -> bool:
+    """A finished sample whose verdict is the harness's failure, not the model's."""
+    return record is not None and record.get("verdict") == failures.INFRA_ERROR
+
+
 @dataclass
 class RunSummary:
     run_id: str
@@ -187,8 +225,13 @@ class RunSummary:
     fatal: str | None = None  # the provider error that ended the run
 
     @property
+    def infra_records(self) -> list[dict[str, Any]]:
+        """Finished samples still in infra_error: the run is incomplete while there are any."""
+        return [r for r in self.records if is_infra(r)]
+
+    @property
     def infra_errors(self) -> int:
-        return sum(1 for r in self.records if r.get("verdict") == failures.INFRA_ERROR)
+        return len(self.infra_records)
 
     @property
     def complete(self) -> bool:
@@ -265,24 +308,19 @@ def roofline_fraction(result: dict[str, Any] | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str, state: dict[str, Any] | None = None,
-                  finished_at: str | None = None, error: str | None = None) -> dict[str, Any]:
-    """sample.json (docs/run-layout.md)."""
-    state = state or {}
+MAX_MESSAGE_CHARS = 300  # an attempt's failure line in sample.json
+
+
+def judgement(state: dict[str, Any]) -> dict[str, Any]:
+    """The fields of sample.json that the final scoring decides (`result`, `held_out` and `scoring` of the state):
+    one place for a first judgement and a judgement again (Runner.rejudge)."""
     result = state.get("result")
-    spent = Spent.from_dict(state.get("spent"))
     scoring = state.get("scoring") or {}
     overall = final_scoring.combined(result, state.get("held_out"))
-    record: dict[str, Any] = {
-        "schema": SAMPLE_SCHEMA,
-        "problem": spec.problem.name,
-        "category": spec.problem.category,
-        "condition": spec.condition.name,
-        "sample": spec.k,
-        "model": model,
-        "status": status,
-        "stop_reason": state.get("stop_reason"),
-        "verdict": overall["verdict"] if result else NO_CODE,
+    verdict = overall["verdict"] if result else NO_CODE
+    failure = (result or {}).get("failure") or {}
+    return {
+        "verdict": verdict,
         # correct on the visible shape and on every held-out shape (agent.final_scoring); both figures kept
         "correct": overall["correct"],
         "correct_visible": overall["correct_visible"],
@@ -295,6 +333,52 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         # True when ranks shared GPUs (harness.emulation): the speedup is recorded, never counted.
         "emulated": is_emulated(result) if result else False,
         "roofline_fraction": roofline_fraction(result),
+        "scoring_seed": result.get("seed") if result else None,
+        "scoring_attempts": scoring.get("attempts", 0),
+        # infra_error: which of harness.common.failures.INFRA_CAUSES (null: a held-out shape's, or an older result)
+        "infra_cause": (failure.get("infra_cause") if verdict == failures.INFRA_ERROR
+                        and (result or {}).get("verdict") == failures.INFRA_ERROR else None),
+    }
+
+
+def failure_line(state: dict[str, Any]) -> str | None:
+    """The first line of the message of the failure that decided the verdict (a held-out shape's when only that
+    failed), at most MAX_MESSAGE_CHARS; None when correct or without code."""
+    result = state.get("result")
+    if not result or final_scoring.combined(result, state.get("held_out"))["correct"]:
+        return None
+    text = str((result.get("failure") or {}).get("message") or "")
+    if result.get("correct"):
+        text = next((str(h.get("message") or "") for h in state.get("held_out") or [] if not h.get("correct")), text)
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:MAX_MESSAGE_CHARS]
+
+
+def attempt_entry(record: dict[str, Any], attempt: int, message: str | None, *, after_wait_s: float | None = None,
+                  kept: str | None = None) -> dict[str, Any]:
+    """One judgement of a sample in sample.json's `attempts`: its verdict and infra cause, when it ended, the wait
+    before it, and `kept`: the folder its records were set aside in (null: the sample's own files, the last)."""
+    return {"attempt": attempt, "verdict": record.get("verdict"), "infra_cause": record.get("infra_cause"),
+            "message": message, "finished_at": record.get("finished_at"), "after_wait_s": after_wait_s,
+            "kept": kept}
+
+
+def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str, state: dict[str, Any] | None = None,
+                  finished_at: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """sample.json (docs/run-layout.md)."""
+    state = state or {}
+    spent = Spent.from_dict(state.get("spent"))
+    scoring = state.get("scoring") or {}
+    record: dict[str, Any] = {
+        "schema": SAMPLE_SCHEMA,
+        "problem": spec.problem.name,
+        "category": spec.problem.category,
+        "condition": spec.condition.name,
+        "sample": spec.k,
+        "model": model,
+        "status": status,
+        "stop_reason": state.get("stop_reason"),
+        **judgement(state),
         "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
                   "cache_read_tokens": spent.cache_read_tokens, "cache_write_tokens": spent.cache_write_tokens,
                   "reasoning_tokens": spent.reasoning_tokens,
@@ -311,14 +395,14 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "context": {"shortened": len((state.get("context") or {}).get("shortened") or []),
                     "batches": int((state.get("context") or {}).get("batches") or 0)},
         "final": "final.py" if scoring.get("final") else None,
-        "scoring_seed": result.get("seed") if result else None,
-        "scoring_attempts": scoring.get("attempts", 0),
         "prompt": state.get("prompt"),  # which prompt and which extraction rule (agent.prompting)
         "best": state.get("best"),  # the best candidate by the tools' evidence, scored apart
         "trajectory": final_scoring.trajectory(state.get("candidates") or []),
         "started_at": started_at,
         "finished_at": finished_at,
     }
+    if status == FINISHED:  # every judgement of the sample; Runner.rejudge adds one per judgement again
+        record["attempts"] = [attempt_entry(record, 1, failure_line(state))]
     if error or state.get("error"):
         record["error"] = error or state.get("error")
     return record
@@ -342,6 +426,9 @@ class Runner:
         model_factory: Callable[[], BaseChatModel] | None = None,
         eval_config: EvalConfig | None = None,
         on_sample: Callable[[dict[str, Any], bool], None] | None = None,
+        retry_infra_only: bool = False,
+        sleep: Callable[[float], None] = cancel.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if concurrency < 1:
             raise RunError(f"concurrency must be at least 1, got {concurrency}")
@@ -365,6 +452,12 @@ class Runner:
         self.model_factory = model_factory or self._default_model_factory
         self.eval_config = eval_config or config.eval_config()
         self.on_sample = on_sample
+        # `pkb run --retry-infra`: judge again the samples that ended in infra_error, and run nothing else
+        self.retry_infra_only = retry_infra_only
+        # The waits between judgements of an infra_error (config.infra_waits_s): `sleep` (by default one that Ctrl-C
+        # ends at once, with harness.cancel.Cancelled) and `clock` are injectable, so tests never wait.
+        self._sleep = sleep
+        self._clock = clock
         # Called at once on Ctrl-C with the number of running samples, before they are stopped (the CLI says so).
         self.on_interrupt: Callable[[int], None] | None = None
         self.topology = topology_record(config.device)
@@ -423,25 +516,40 @@ class Runner:
         self._saver.setup()
         lock = threading.Lock()
         left = 0  # sample threads still running after Ctrl-C
+        waits = list(self.config.infra_waits_s)
+        judged: dict[str, int] = {}  # judgements of each sample in this pass
+        later: list[_Later] = []  # infra_error samples waiting to be judged again
         try:
-            pending: list[SampleSpec] = []
+            pending: list[_Job] = []
             for spec in specs:
                 record = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k).record()
-                if record is not None and record.get("status") == FINISHED:
+                finished = record is not None and record.get("status") == FINISHED
+                if finished and is_infra(record):  # the harness's failure: judged again (--resume, --retry-infra)
+                    pending.append(_Job(spec, again=True))
+                elif finished:
+                    assert record is not None
                     summary.records.append(record)
                     summary.skipped += 1
                     if self.on_sample:
                         self.on_sample(record, True)
-                else:
-                    pending.append(spec)
+                elif not self.retry_infra_only:
+                    pending.append(_Job(spec))
             self.log.info("run_started", run_id=summary.run_id, total=len(specs), finished_before=summary.skipped,
-                          pending=len(pending), concurrency=self.concurrency, **self._where())
+                          pending=len(pending), judged_again=sum(j.again for j in pending),
+                          concurrency=self.concurrency, infra_waits_s=waits, **self._where())
 
-            def one(spec: SampleSpec) -> None:
+            def settle(waiting: list[_Later]) -> None:
+                """Infra samples that will not be judged again in this pass: finished as they are."""
+                with lock:
+                    summary.records.extend(w.record for w in waiting)
+                    waiting.clear()
+
+            def one(job: _Job) -> None:
+                spec = job.spec
                 if self._abort.is_set():
                     return
                 try:
-                    record = self.run_sample(spec)
+                    record = self.rejudge(spec, job.after_wait_s) if job.again else self.run_sample(spec)
                 except FatalProviderError as err:
                     self._abort.set()
                     with lock:
@@ -458,34 +566,56 @@ class Runner:
                         summary.errors.append(f"{spec.thread_id}: {type(err).__name__}: {err}")
                     return
                 with lock:
+                    judged[spec.thread_id] = n = judged.get(spec.thread_id, 0) + 1
+                    if is_infra(record) and n <= len(waits):  # judged again after the n-th wait
+                        later.append(_Later(self._clock() + waits[n - 1], spec, record, waits[n - 1]))
+                        self.log.info("sample_infra_wait", sample=spec.thread_id, judgement=n, wait_s=waits[n - 1],
+                                      infra_cause=record.get("infra_cause"))
+                        return
                     summary.records.append(record)
                 if self.on_sample:
                     self.on_sample(record, False)
 
             # Samples are handed to the pool as slots free up, never all at once: on Ctrl-C nothing is queued
-            # in the pool, and only the `concurrency` running ones have anything to stop.
+            # in the pool, and only the `concurrency` running ones have anything to stop. An infra_error sample
+            # waits in `later`, holding no slot, until its wait is over.
             pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sample")
             queue = list(pending)
             running: set[Future[None]] = set()
             try:
-                while queue or running:
+                while queue or running or later:
                     if cancel.requested():  # Ctrl-C (agent.interrupts): polled, never raised into this loop
                         raise KeyboardInterrupt
+                    if self._abort.is_set():
+                        settle(later)
+                    with lock:
+                        due = [w for w in later if w.due <= self._clock()]
+                        for w in due:
+                            later.remove(w)
+                    queue.extend(_Job(w.spec, again=True, after_wait_s=w.wait_s) for w in due)
                     while (queue and len(running) < self.concurrency and not self._abort.is_set()
                            and not cancel.requested()):
                         running.add(pool.submit(one, queue.pop(0)))
                     if not running:
-                        break
+                        with lock:
+                            first = min((w.due for w in later), default=None)
+                        if first is None or self._abort.is_set():
+                            break
+                        # Nothing else to do: wait for the next judgement (Ctrl-C ends the wait at once)
+                        self._sleep(max(0.0, first - self._clock()))
+                        continue
                     done, _ = wait(running, timeout=interrupts.CANCEL_POLL_S, return_when=FIRST_COMPLETED)
                     for f in done:
                         f.result()  # a sample stopped by Ctrl-C raises Cancelled: it stays in `running`, counted
                         running.discard(f)
             except (KeyboardInterrupt, cancel.Cancelled):
+                settle(later)  # finished (in infra_error) on disk: --resume or --retry-infra judges them again
                 left = self._stop(running, summary)
                 raise RunInterrupted(summary, left) from None
             finally:
                 # after Ctrl-C, threads still in a model call are not waited for (the process ends)
                 pool.shutdown(wait=not left, cancel_futures=True)
+            settle(later)
             self.log.info("run_finished" if summary.fatal is None else "run_aborted", finished=len(summary.records),
                           total=summary.total, infra_errors=summary.infra_errors, interrupted=len(summary.interrupted),
                           errors=len(summary.errors), fatal=summary.fatal)
@@ -597,19 +727,72 @@ class Runner:
         state["candidates"] = [{"index": 0, "path": sdir.relative(path), "tool": None, "tool_call_id": None,
                                 "message_id": None, "verdict": None}]
         write_bytes_atomic(sdir.final_py, spec.file.read_bytes())
+        state.update(self._score_final(spec, sdir, log))
+        state["scoring"]["final"] = sdir.relative(path)
+        log.info("scored", file=str(spec.file), verdict=state["result"]["verdict"],
+                 seed=scoring_seed(self.eval_config.seed))
+        return state
+
+    def _score_final(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
+        """The sample's final.py through the full harness, visible shape and held-out shapes (agent.graph's
+        score_file: its own quick infra retries): the state's `result`, `held_out` and `scoring`."""
         scored = score_file(spec.problem, sdir.final_py, config=self.eval_config, scheduler=self.scheduler,
                             world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
                             log_dir=sdir.logs, log=log, **self._remote_args())
         held = score_held_out(spec.problem, sdir.final_py, scored.result, config=self.eval_config,
                               scheduler=self.scheduler, world_size=self.config.world_size, device=self.config.device,
                               shape=self.config.shape, log=log, **self._remote_args())
-        state["result"] = scored.result.model_dump(mode="json")
-        state["held_out"] = [h.summary for h in held]
-        state["scoring"] = {"seconds": scored.seconds + sum(h.seconds for h in held),
-                            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held), "attempts": scored.attempts,
-                            "final": sdir.relative(path)}
-        log.info("scored", file=str(spec.file), verdict=scored.result.verdict, seed=scoring_seed(self.eval_config.seed))
-        return state
+        return {"result": scored.result.model_dump(mode="json"), "held_out": [h.summary for h in held],
+                "scoring": {"seconds": scored.seconds + sum(h.seconds for h in held),
+                            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held), "attempts": scored.attempts}}
+
+    # -- judging an infra_error again ---------------------------------------------------------------------
+    def rejudge(self, spec: SampleSpec, after_wait_s: float | None = None) -> dict[str, Any]:
+        """A finished sample that ended in infra_error, judged again: its final.py scored anew (the same request:
+        same seed, same shapes). The model's work (transcript, candidates, usage, best) is kept as it was; the
+        earlier judgement's sample.json, result.json and logs/ are set aside in attempts/<n>/ first, and the new
+        sample.json (written last, as always) lists every judgement in `attempts`. A pass killed midway leaves
+        the earlier, finished record in place, to be judged again."""
+        sdir = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k)
+        previous = sdir.record()
+        if previous is None or previous.get("status") != FINISHED or not sdir.final_py.is_file():
+            raise RunError(f"{spec.thread_id}: no finished judgement with a final.py to judge again")
+        log = self.log.bind(problem=spec.problem.name, condition=spec.condition.name, sample=spec.k)
+        history = [dict(a) for a in previous.get("attempts") or []] or [
+            attempt_entry(previous, 1, failure_line({"result": read_json(sdir.result_json),
+                                                     "held_out": (previous.get("held_out") or {}).get("shapes")}))]
+        n = len(history)
+        history[-1]["kept"] = self._keep_aside(sdir, n, previous)
+        log.info("sample_judged_again", judgement=n + 1, after_wait_s=after_wait_s,
+                 earlier_infra_cause=previous.get("infra_cause"))
+        state = self._score_final(spec, sdir, log)
+        write_json_atomic(sdir.result_json, state["result"])
+        scoring = state["scoring"]
+        record = {**previous, **judgement(state), "status": FINISHED, "finished_at": now(),
+                  # the sample's time and device time include every judgement
+                  "wall_s": round(float(previous.get("wall_s") or 0.0) + scoring["seconds"], 3),
+                  "gpu_s": round(float(previous.get("gpu_s") or 0.0) + scoring["gpu_s"], 3)}
+        record["attempts"] = [*history, attempt_entry(record, n + 1, failure_line(state), after_wait_s=after_wait_s)]
+        write_json_atomic(sdir.sample_json, record)
+        log.info("sample_finished", stop_reason=record.get("stop_reason"), verdict=record["verdict"],
+                 speedup=record["speedup"], judgement=n + 1, infra_cause=record["infra_cause"])
+        return record
+
+    @staticmethod
+    def _keep_aside(sdir: SampleDir, n: int, previous: dict[str, Any]) -> str:
+        """The n-th judgement's records into attempts/<n>/ (copies of sample.json and result.json, the rank logs
+        moved): nothing of it is lost when the next judgement writes the sample's own files. Returns the folder,
+        relative to the sample's."""
+        folder = sdir.path / ATTEMPTS_DIR / str(n)
+        write_json_atomic(folder / sdir.sample_json.name, previous)
+        if sdir.result_json.is_file():
+            write_bytes_atomic(folder / sdir.result_json.name, sdir.result_json.read_bytes())
+        target = folder / sdir.logs.name
+        if sdir.logs.is_dir() and target.exists():  # a pass killed after moving them: what is here is the
+            shutil.rmtree(sdir.logs)  # unfinished judgement's, which has no verdict
+        elif sdir.logs.is_dir():
+            sdir.logs.rename(target)
+        return sdir.relative(folder)
 
 
 def _resumed(model: BaseChatModel, messages: list[Any]) -> BaseChatModel:

@@ -134,9 +134,10 @@ def run_ours(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 def run_pkb(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     base_shape = pkb_checkout.SHAPES[args.shape]["base_shape"]
+    tolerance = pkb_checkout.PRECISIONS[pkb_checkout.DEFAULT_PRECISION].tolerance  # the sets are bf16
     verdict = score_with_pkb(row["checkout"], row["path"], row["problem"], args.world_size, device=args.device,
                              timeout_s=args.timeout_s, trials=args.pkb_trials, base_shape=base_shape,
-                             atol=pkb_checkout.TOLERANCE, rtol=pkb_checkout.TOLERANCE,
+                             atol=tolerance, rtol=tolerance,
                              extensions_dir=args.extensions_cache)
     return verdict.as_dict()
 

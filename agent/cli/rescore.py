@@ -34,7 +34,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         config = load_run_config(run)
     except RunError as err:
         raise CliError(str(err)) from None
-    problems = {p.name: p for p in resolve_source(config.source)}
+    problems = {p.name: p for p in resolve_source(config.source, config.precision)}
     summary = rescore_run(run, config, problems, concurrency=args.concurrency,
                           progress=lambda line: console.print(plain(line)))
     if summary.missing_problems:

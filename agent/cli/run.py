@@ -4,6 +4,7 @@
     pkb run --model openai:my-model --base-url http://localhost:8000/v1 --condition agent:check+compile ...
     pkb run --model replay:solutions/ --problems all_reduce            # scores files, no API key
     pkb run --run-id ID --resume                                       # continues a killed run
+    pkb run --run-id ID --retry-infra                                  # judges its infra_error samples again
     pkb run ... --executor ray --ray-address HEAD:6379                 # evaluations on a Ray cluster (docs/ray.md)
     pkb run --model openai:gpt-5.5 --reasoning-effort high ...         # reasoning settings (docs/models.md)
     pkb run --model anthropic:claude-haiku-4-5 --thinking-budget 16000 ...
@@ -11,7 +12,8 @@
 Everything lands in runs/<id>/ (docs/run-layout.md). With --resume the run's stored config is used; an
 option given again must agree with it; the executor is not part of the run, so a run started on one resumes
 on the other. Bad input is one line and exit code 2; a run that ends with
-unfinished samples (provider outages, internal errors) exits 1 and says how to continue it.
+unfinished samples (provider outages, internal errors) or samples still in infra_error exits 1 and says how
+to continue it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=None,
                    help="samples per problem and condition (default 1; replay: every file, at most this many)")
     p.add_argument("--run-id", default=None, help="the run's folder name under --runs-dir (default: time + model)")
-    p.add_argument("--resume", action="store_true", help="continue the run --run-id: finished samples are kept")
+    p.add_argument("--resume", action="store_true", help="continue the run --run-id: finished samples are kept, "
+                   "those that ended in infra_error (the harness's failure) are judged again")
+    p.add_argument("--retry-infra", action="store_true",
+                   help="judge again only the samples of the run --run-id that ended in infra_error (their earlier "
+                        "records are kept in the sample's attempts/)")
+    p.add_argument("--precision", default=None,
+                   help="with a ParallelKernelBench checkout (--source pkb:PATH or --prompt pkb): bf16 or fp32, the "
+                        "inputs' dtype, the tolerance and PKB's prompt (default: the replayed set's, from its folder "
+                        "name, else bf16)")
     p.add_argument("--concurrency", type=int, default=1, help="samples run at once (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cpu")
     p.add_argument("--world-size", type=int, default=None, help="ranks (default 2)")
@@ -130,9 +140,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise CliError(f"--model-retries must be at least 1, got {args.model_retries}")
     if args.resume and not args.run_id:
         raise CliError("--resume needs --run-id (the folder name under --runs-dir)")
+    if args.retry_infra and not args.run_id:
+        raise CliError("--retry-infra needs --run-id (the folder name under --runs-dir)")
     if args.run_id and not RUN_ID.match(args.run_id):
         raise CliError(f"--run-id {args.run_id!r}: use letters, digits, '.', '_' and '-' (no '/')")
-    if not args.resume and not args.model:
+    if not (args.resume or args.retry_infra) and not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
     sandbox_gate.require(args, "pkb run")
 

@@ -12,13 +12,15 @@ from typing import Any
 
 from agent.budgets import Budget
 from agent.cli.common import CliError
-from agent.cli.source import resolve_source, select_in
+from agent.cli.source import PKB_PREFIX, resolve_source, select_in
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
 from agent.context import DEFAULT_SHARE
 from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
-from agent.prompting import PKB, PromptChoiceError, check_conditions, parse_prompt
+from agent.prompting import OURS, PKB, PromptChoiceError, check_conditions, parse_prompt
 from agent.rundir import RunDir
 from agent.runner import RunConfig
+from harness.problems.parallelkernelbench import checkout
+from harness.problems.parallelkernelbench.solutions import solution_set_info
 from harness.problems.problem import Problem
 
 # (option, RunConfig field): options that, given with --resume, must agree with the stored run.
@@ -32,7 +34,7 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--reasoning-effort", "reasoning_effort"), ("--thinking-budget", "thinking_budget"),
                   ("--models", "models"), ("--context-window", "context_window"), ("--context-share", "context_share"),
                   ("--no-prompt-cache", "prompt_cache"), ("--prompt", "prompt"), ("--pkb-hardware", "pkb_hardware"),
-                  ("--shell-timeout", "shell_timeout_s"))
+                  ("--shell-timeout", "shell_timeout_s"), ("--precision", "precision"))
 
 
 def _model_text(text: str) -> str:
@@ -98,7 +100,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         raise CliError(f"--context-share must be in (0, 1], got {args.context_share}")
     if trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
-    prompt, hardware = _prompt(args, conditions)
+    precision = _precision(args, spec, pkb_prompt=(args.prompt or OURS).strip() != OURS)
+    prompt, hardware = _prompt(args, conditions, precision)
     return RunConfig(
         model=model,
         conditions=[c.name for c in conditions],
@@ -129,6 +132,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         prompt=prompt,
         pkb_hardware=hardware,
         shell_timeout_s=_positive(args.shell_timeout, "--shell-timeout") if args.shell_timeout is not None else 120.0,
+        precision=precision,
     )
 
 
@@ -138,10 +142,35 @@ def _positive(value: float, option: str) -> float:
     return value
 
 
-def _prompt(args: argparse.Namespace, conditions: list[Condition]) -> tuple[str, str | None]:
-    """--prompt as the run stores it ("pkb-agent", or "pkb:/abs/checkout") and --pkb-hardware, checked."""
+def _precision(args: argparse.Namespace, spec: ModelSpec, *, pkb_prompt: bool) -> str | None:
+    """--precision as the run stores it: for a checkout's problems or PKB's prompt, the option, else the replayed
+    set's precision where its folder name says it (solutions_<backend>_<precision>_...), else PKB's default (bf16);
+    None for this suite's problems without PKB's prompt (they keep their own dtypes)."""
+    pkb = (args.source or "").startswith(PKB_PREFIX) or pkb_prompt
+    if args.precision is not None and not pkb:
+        raise CliError("--precision applies to a ParallelKernelBench checkout's problems (--source pkb:PATH) or "
+                       "--prompt pkb")
+    if not pkb:
+        return None
+    if args.precision is not None:
+        if args.precision not in checkout.PRECISIONS:
+            raise CliError(f"--precision {args.precision!r}: use {', '.join(checkout.PRECISIONS)}")
+        return str(args.precision)
+    info = solution_set_info(spec.name) if spec.provider == "replay" else None
+    if info is None:
+        return checkout.DEFAULT_PRECISION
+    if info["precision"] not in checkout.PRECISIONS:
+        raise CliError(f"the solution set {Path(spec.name).name} says precision {info['precision']!r}, which pkb "
+                       f"does not score; pass --precision ({', '.join(checkout.PRECISIONS)})")
+    return info["precision"]
+
+
+def _prompt(args: argparse.Namespace, conditions: list[Condition], precision: str | None = None,
+            ) -> tuple[str, str | None]:
+    """--prompt as the run stores it ("pkb-agent", or "pkb:/abs/checkout") and --pkb-hardware, checked (with the
+    precision PKB's prompt will name, when given)."""
     try:
-        choice = parse_prompt(args.prompt, args.source, args.pkb_hardware)
+        choice = parse_prompt(args.prompt, args.source, args.pkb_hardware, precision)
         check_conditions(choice, conditions)
     except PromptChoiceError as err:
         raise CliError(str(err)) from None
@@ -170,6 +199,7 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
         "prompt": (_prompt(args, stored.parsed_conditions)[0] if args.prompt else None),
         "pkb_hardware": args.pkb_hardware,
         "shell_timeout_s": args.shell_timeout,
+        "precision": args.precision,
     }
     for option, key in RESUME_CHECKED:
         value = given[key]

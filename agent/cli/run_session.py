@@ -29,7 +29,16 @@ from agent.replay import ReplayError, ReplaySet, load_replay
 from agent.report import metrics
 from agent.report.leases import last_pass_summary
 from agent.rundir import RunDir, write_json_atomic
-from agent.runner import RunConfig, RunError, RunInterrupted, Runner, RunSummary, create_run, load_run_config
+from agent.runner import (
+    RunConfig,
+    RunError,
+    RunInterrupted,
+    Runner,
+    RunSummary,
+    create_run,
+    is_infra,
+    load_run_config,
+)
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
 from harness.common.flags import is_emulated
@@ -40,7 +49,7 @@ from harness.problems.problem import Problem
 def _select_problems(config: RunConfig, selection: Sequence[str] | None, replay_dir: Path | None,
                      ) -> tuple[list[Problem], list[str], ReplaySet | None]:
     """The problems to run, the names of selected ones left out (no such world size), and the replay set."""
-    source = resolve_source(config.source)
+    source = resolve_source(config.source, config.precision)
     replay = None
     if replay_dir is not None:
         try:
@@ -132,13 +141,14 @@ def execute(args: argparse.Namespace) -> int:
     if summary.fatal:
         raise CliError(f"{summary.fatal} (run {run_dir.path.name}: {len(summary.records)} of {summary.total} "
                        "samples finished; --resume continues it)")
-    return 0 if summary.complete else 1
+    return 0 if summary.complete and not summary.infra_errors else 1
 
 
 def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSummary, RunDir, RunConfig]:
     """Check, create or resume, and run the run that `pkb run`'s options describe; `within`: as part of a sweep,
     whose progress bar it advances (and whose command an interrupt prints)."""
-    if args.resume:
+    resuming = args.resume or args.retry_infra
+    if resuming:
         run_dir = RunDir(Path(args.runs_dir) / args.run_id)
         try:
             config = load_run_config(run_dir)
@@ -163,7 +173,7 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
         if skipped:  # said once every check has passed, so that bad input stays one line
             print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(skipped)}",
                   file=sys.stderr)
-        if not args.resume:
+        if not resuming:
             try:
                 create_run(run_dir, config, prices, problems=problems, executor=executor.name)
             except RunError as err:
@@ -171,12 +181,12 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
         if replay is not None and replay.matches:
             _account_for_replay(replay, run_dir)
         runner = Runner(run_dir, config, problems, concurrency=args.concurrency, prices=prices, replay=replay,
-                        scheduler=scheduler, executor=executor)
+                        scheduler=scheduler, executor=executor, retry_infra_only=args.retry_infra)
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
                   f"{executor.capacity(config.world_size, config.device)} at once)", file=sys.stderr)
         try:
-            summary = _run_with_progress(runner, args.resume, within)
+            summary = _run_with_progress(runner, resuming, within)
         # RunInterrupted, or Ctrl-C before the first sample began (a Cancelled of a wait in the main thread
         # arrives as KeyboardInterrupt too: agent.interrupts.terminate_as_interrupt)
         except KeyboardInterrupt as err:
@@ -259,15 +269,26 @@ def resume_command(run_dir: RunDir) -> str:
     return f"pkb run --run-id {run_dir.path.name} --resume --runs-dir {run_dir.path.parent}"
 
 
+def retry_infra_command(run_id: str, runs_dir: Path) -> str:
+    return f"pkb run --run-id {run_id} --retry-infra --runs-dir {runs_dir}"
+
+
 def say_what_is_left(runner: Runner) -> None:
-    """`--resume`: how many samples are finished and how many are left, or that nothing is."""
+    """`--resume` (`--retry-infra`): how many samples are finished, how many are left and how many ended in
+    infra_error (judged again), or that nothing is left."""
     specs = runner.plan()
-    done = sum(1 for spec in specs if runner.is_finished(spec))
+    finished = [spec for spec in specs if runner.is_finished(spec)]
+    done = len(finished)
+    infra = sum(1 for s in finished if is_infra(runner.run_dir.sample(s.problem.name, s.condition.name, s.k).record()))
     name = runner.run_dir.path.name
-    if done == len(specs):
+    again = f", {infra} of them in infra_error: judged again" if infra else ""
+    if runner.retry_infra_only:
+        err_console.print(plain(f"pkb: run {name}: judging again {infra} sample(s) that ended in infra_error "
+                                f"({done} of {len(specs)} finished; unfinished ones are left to --resume)"))
+    elif done == len(specs) and not infra:
         err_console.print(plain(f"pkb: run {name}: all {len(specs)} samples are finished; nothing left to run"))
     else:
-        err_console.print(plain(f"pkb: resuming run {name}: {done} of {len(specs)} samples finished, "
+        err_console.print(plain(f"pkb: resuming run {name}: {done} of {len(specs)} samples finished{again}, "
                                 f"{len(specs) - done} left"))
 
 
@@ -322,6 +343,22 @@ def _cost_cell(records: list[dict[str, Any]]) -> str:
     return f"{sum(float((r.get('usage') or {}).get('cost_usd') or 0.0) for r in records):.4f}"
 
 
+def _print_incomplete(summary: RunSummary, run_dir: RunDir) -> None:
+    """Samples still in infra_error after every judgement: the run is INCOMPLETE. Each one by name, with the cause
+    of every judgement, and the command that judges them again."""
+    records = summary.infra_records
+    console.print(f"[red]INCOMPLETE:[/red] {len(records)} sample(s) still in infra_error (the harness's or the "
+                  "machine's failure, not the model's): they count in no rate until judged")
+    for r in records:
+        attempts = r.get("attempts") or []
+        causes = ", ".join(str(a.get("infra_cause") or "unknown") for a in attempts) or str(r.get("infra_cause"))
+        message = next((str(a.get("message")) for a in reversed(attempts) if a.get("message")), "")
+        where = f"{r.get('problem')}/{r.get('condition')}/{r.get('sample')}"
+        line = f"  {where}: {len(attempts) or 1} judgement(s), cause(s): {causes}" + (f"; {message}" if message else "")
+        console.print(plain(line))
+    console.print(plain(f"retry them with: {retry_infra_command(summary.run_id, run_dir.path.parent)}"))
+
+
 def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1) -> None:
     emulated = layout.is_emulated(ranks_per_gpu)
     table = Table(title=plain(f"run {summary.run_id}: {len(summary.records)} of {summary.total} samples finished"))
@@ -345,8 +382,7 @@ def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1)
     if emulated or any(is_emulated(r) for r in summary.records):
         console.print(f"[yellow]{escape(emulation.notice(ranks_per_gpu))}[/yellow]: no sample counts as fast")
     if summary.infra_errors:
-        console.print(f"{summary.infra_errors} sample(s) ended in infra_error (the harness's failure, retried; "
-                      "not counted against the model)")
+        _print_incomplete(summary, run_dir)
     for line in summary.interrupted:
         console.print(f"[yellow]unfinished (provider error, not the model's):[/yellow] {escape(line)}")
     for line in summary.errors:

@@ -37,14 +37,17 @@ def one_problem(name: str) -> Problem:
         raise CliError(str(err)) from None
 
 
-def resolve_source(text: str | None) -> list[Problem]:
-    """The problems of a source: None (or "") for this suite, "pkb:PATH" for a ParallelKernelBench checkout."""
+def resolve_source(text: str | None, precision: str | None = None) -> list[Problem]:
+    """The problems of a source: None (or "") for this suite, "pkb:PATH" for a ParallelKernelBench checkout, whose
+    inputs and tolerances follow `precision` (checkout.PRECISIONS; None: PKB's default, bf16). This suite's
+    problems keep their own dtypes."""
     if not text:
         return suite()
     if not text.startswith(PKB_PREFIX) or not text[len(PKB_PREFIX):].strip():
         raise CliError(f"--source takes pkb:PATH (a ParallelKernelBench checkout), got {text!r}")
     try:
-        return checkout.suite(Path(text[len(PKB_PREFIX):].strip()).expanduser())
+        return checkout.suite(Path(text[len(PKB_PREFIX):].strip()).expanduser(),
+                              precision or checkout.DEFAULT_PRECISION)
     except checkout.CheckoutError as err:
         raise CliError(str(err)) from None
 

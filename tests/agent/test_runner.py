@@ -173,7 +173,9 @@ def test_scoring_infra_errors_are_retried_then_reported_apart(tmp_path, monkeypa
         return _infra_result(path) if len(calls) <= failing else real(problem, path, **kwargs)
 
     monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
-    _, summary = run_samples(tmp_path, [scripted([("text", fenced(BROKEN))])], conditions=["zero-shot"])
+    # agent.scoring's own attempts only: no judgement again after a wait (tests/agent/test_infra_retry.py)
+    _, summary = run_samples(tmp_path, [scripted([("text", fenced(BROKEN))])], conditions=["zero-shot"],
+                             infra_waits_s=[])
     record = summary.records[0]
     assert len(set(calls)) == 1  # every attempt with the same (fresh) scoring seed
     if failing < agent.scoring.INFRA_ATTEMPTS:

@@ -58,8 +58,22 @@ SHAPES: dict[str, dict[str, Any]] = {"default": {"base_shape": [1024, 1024]}, "s
 # a kernel that assumed 1024 x 1024 (or 64 x 64) rows and columns does not pass by accident.
 HELD_OUT: dict[str, dict[str, Any]] = {"default": {"base_shape": [512, 2048]}, "small": {"base_shape": [32, 128]}}
 DEFAULT_WORLD_SIZES = (2, 4, 8)  # ParallelKernelBench runs 8 ranks; 2 and 4 fit smaller machines and CPU validation
-DTYPE = torch.bfloat16  # ParallelKernelBench's default
-TOLERANCE = 1e-2  # ParallelKernelBench's atol = rtol for bf16
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a precision means for a checkout's problems: the dtype its inputs are drawn in, and atol = rtol."""
+
+    dtype: torch.dtype
+    tolerance: float
+
+
+# PKB's precisions by the names its generated sets carry (solutions_<backend>_<precision>_...). bf16: atol = rtol =
+# 1e-2, PKB's current head (run_local.py and run_together.py: --dtype bfloat16 "matching paper experiments",
+# --atol/--rtol 1e-2); fp32: 1e-5, the first public commit's run_local.py (--dtype float32, --atol/--rtol 1e-5)
+# and utils/compare_outputs.py (compare_tensors' atol = rtol = 1e-5).
+PRECISIONS: dict[str, Precision] = {"bf16": Precision(torch.bfloat16, 1e-2), "fp32": Precision(torch.float32, 1e-5)}
+DEFAULT_PRECISION = "bf16"  # PKB's published sets are bf16
 TRIAL_RANGE = 1 << 16  # derived trial numbers stay small: the checkout mixes them into integer seeds
 
 
@@ -167,11 +181,23 @@ def _declared(reference: Path) -> tuple[tuple[int, ...] | None, str]:
     return sizes, (ast.get_docstring(tree) or "").strip()
 
 
-def spec_for(root: Path, reference: Path) -> str:
-    return f"{SPEC_PREFIX}{root}{SPEC_SEPARATOR}{reference.name}"
+def precision(name: str) -> Precision:
+    """A precision by name; CheckoutError naming the ones there are."""
+    if name not in PRECISIONS:
+        raise CheckoutError(f"unknown precision {name!r}: use {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
 
 
-def _problem(root: Path, problem_id: int, name: str, reference: Path) -> Problem:
+def spec_for(root: Path, reference: Path, precision_name: str = DEFAULT_PRECISION) -> str:
+    """The loader spec: pkb:<root>::<reference file>, and ::<precision> when it is not the default (so every
+    process that loads the problem draws its inputs in that dtype, and caches keyed by the problem tell them apart)."""
+    suffix = "" if precision_name == DEFAULT_PRECISION else f"{SPEC_SEPARATOR}{precision_name}"
+    return f"{SPEC_PREFIX}{root}{SPEC_SEPARATOR}{reference.name}{suffix}"
+
+
+def _problem(root: Path, problem_id: int, name: str, reference: Path,
+             precision_name: str = DEFAULT_PRECISION) -> Problem:
+    chosen = precision(precision_name)
     sizes, doc = _declared(reference)
     summary = doc or f"{CODEBASE} problem {problem_id} ({name}) from {root}."
     return Problem(
@@ -180,33 +206,36 @@ def _problem(root: Path, problem_id: int, name: str, reference: Path) -> Problem
         source={"codebase": CODEBASE, "path": f"reference/{reference.name}", "symbol": "solution",
                 "checkout": str(root), "problem_id": str(problem_id)},
         summary=summary,
-        dtype=DTYPE,
+        dtype=chosen.dtype,
         shapes={k: dict(v) for k, v in SHAPES.items()},
         held_out={k: dict(v) for k, v in HELD_OUT.items()},
         world_sizes=sizes or DEFAULT_WORLD_SIZES,
-        atol=TOLERANCE,
-        rtol=TOLERANCE,
+        atol=chosen.tolerance,
+        rtol=chosen.tolerance,
         path=reference,
-        module=ReferenceModule(root, reference, problem_id),
+        module=ReferenceModule(root, reference, problem_id, chosen.dtype),
         origin="pkb",
-        spec=spec_for(root, reference),
+        spec=spec_for(root, reference, precision_name),
     )
 
 
-def list_problems(path: str | Path) -> list[Problem]:
-    """Every reference of the checkout as a Problem (references are imported only when first used)."""
+def list_problems(path: str | Path, precision_name: str = DEFAULT_PRECISION) -> list[Problem]:
+    """Every reference of the checkout as a Problem in that precision (references are imported only when first
+    used)."""
     root = _checked_root(path)
-    return [_problem(root, pid, name, ref) for pid, name, ref in reference_files(root)]
+    precision(precision_name)
+    return [_problem(root, pid, name, ref, precision_name) for pid, name, ref in reference_files(root)]
 
 
 @lru_cache(maxsize=8)
-def _suite(root: Path) -> tuple[Problem, ...]:
-    return tuple(list_problems(root))
+def _suite(root: Path, precision_name: str) -> tuple[Problem, ...]:
+    return tuple(list_problems(root, precision_name))
 
 
-def suite(path: str | Path) -> list[Problem]:
-    """The checkout's problems for `--source pkb:PATH` (cached per checkout). Raises NotACheckout."""
-    return list(_suite(_checked_root(path)))
+def suite(path: str | Path, precision_name: str = DEFAULT_PRECISION) -> list[Problem]:
+    """The checkout's problems for `--source pkb:PATH` (cached per checkout and precision). Raises NotACheckout,
+    or CheckoutError for an unknown precision."""
+    return list(_suite(_checked_root(path), precision_name))
 
 
 def problem_id(problem: Problem) -> int | None:
@@ -215,23 +244,32 @@ def problem_id(problem: Problem) -> int | None:
     return int(value) if value is not None else None
 
 
-def parse_spec(spec: str) -> tuple[Path, str]:
+def _split_spec(spec: str) -> tuple[Path, str, str]:
+    """(checkout root, reference file name, precision name) of a loader spec (spec_for)."""
     if not spec.startswith(SPEC_PREFIX) or SPEC_SEPARATOR not in spec:
         raise MalformedProblem(f"{spec!r} is not a PKB problem spec (pkb:<checkout>{SPEC_SEPARATOR}<reference file>)")
-    root, name = spec[len(SPEC_PREFIX):].rsplit(SPEC_SEPARATOR, 1)
-    return Path(root), name
+    head, last = spec[len(SPEC_PREFIX):].rsplit(SPEC_SEPARATOR, 1)
+    if last in PRECISIONS and SPEC_SEPARATOR in head:
+        root, name = head.rsplit(SPEC_SEPARATOR, 1)
+        return Path(root), name, last
+    return Path(head), last, DEFAULT_PRECISION
+
+
+def parse_spec(spec: str) -> tuple[Path, str]:
+    root, name, _ = _split_spec(spec)
+    return root, name
 
 
 def load_spec(spec: str) -> Problem:
     """The problem a loader spec names; the rank worker calls this through load_problem_spec."""
-    root, file_name = parse_spec(spec)
+    root, file_name, precision_name = _split_spec(spec)
     root = _checked_root(root)
     m = REFERENCE_RE.match(file_name)
     reference = root / "reference" / file_name
     if m is None or not reference.is_file():
         raise MalformedProblem(f"{root}: reference/{file_name} does not exist")
     ensure_importable(root)  # solutions may import the checkout's utils before anything else does
-    return _problem(root, int(m.group(1)), m.group(2), reference)
+    return _problem(root, int(m.group(1)), m.group(2), reference, precision_name)
 
 
 def ensure_importable(root: Path) -> None:
@@ -276,12 +314,13 @@ class ReferenceModule(ModuleType):
     """Stands in for a problem module: make_inputs wraps the checkout's create_input_tensor, and
     `solution` is the reference's, imported on first use. There is no oracle."""
 
-    def __init__(self, root: Path, reference: Path, problem_id: int) -> None:
+    def __init__(self, root: Path, reference: Path, problem_id: int, dtype: torch.dtype) -> None:
         super().__init__(module_name_for(reference, "pkb_problem"))
         self.__file__ = str(reference)
         self.checkout = root
         self.reference_path = reference
         self.problem_id = problem_id
+        self.dtype = dtype  # what create_input_tensor is asked for (the run's precision)
         # (base shape, world size, rank, device type) -> the plan made at the first draw
         self.input_plans: dict[tuple[tuple[int, ...], int, int, str], InputPlan] = {}
 
@@ -313,7 +352,7 @@ class ReferenceModule(ModuleType):
         devices = [device.index if device.index is not None else torch.cuda.current_device()] \
             if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            value = self.input_function()(rank, world_size, self.problem_id, base_shape, DTYPE,
+            value = self.input_function()(rank, world_size, self.problem_id, base_shape, self.dtype,
                                           trial=trial, device=device)
         if isinstance(value, torch.Tensor):
             return (value,)
