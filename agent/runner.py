@@ -567,7 +567,10 @@ class Runner:
                     return
                 with lock:
                     judged[spec.thread_id] = n = judged.get(spec.thread_id, 0) + 1
-                    if is_infra(record) and n <= len(waits):  # judged again after the n-th wait
+                    # Judged again after the n-th wait; a lasting cause (a multicast refusal, a missing package)
+                    # meets this machine again, so waiting would only hold the devices: --resume elsewhere can.
+                    if (is_infra(record) and record.get("infra_cause") not in failures.LASTING_INFRA_CAUSES
+                            and n <= len(waits)):
                         later.append(_Later(self._clock() + waits[n - 1], spec, record, waits[n - 1]))
                         self.log.info("sample_infra_wait", sample=spec.thread_id, judgement=n, wait_s=waits[n - 1],
                                       infra_cause=record.get("infra_cause"))

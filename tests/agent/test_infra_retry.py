@@ -159,6 +159,20 @@ def test_a_sample_left_in_infra_error_is_judged_again_on_resume(tmp_path, monkey
     assert (_sample(runner) / "attempts" / "2" / "sample.json").is_file()
 
 
+def test_a_lasting_infra_cause_is_not_waited_on(tmp_path, monkeypatch):
+    """A cause this machine meets again (a multicast refusal under emulation, a missing package) is judged once in
+    a pass: no waits of minutes holding the devices for the same refusal; --resume (on another machine) judges it
+    again."""
+    lasting = sorted(failures.LASTING_INFRA_CAUSES)[0]
+    monkeypatch.setattr("tests.agent.test_infra_retry.CAUSE", lasting)
+    flaky = Flaky({"all_reduce"}, lambda n: True)
+    monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
+    clock, models = Clock(), []
+    summary = _runner(tmp_path, clock, models).run()
+    assert clock.sleeps == [] and flaky.calls == 1
+    assert summary.infra_errors == 1 and summary.records[0]["infra_cause"] == lasting
+
+
 def test_ctrl_c_during_a_wait_stops_the_run_at_once(tmp_path, monkeypatch, fresh_cancel):
     """Ctrl-C (harness.cancel.request, what the signal handler calls) while the runner waits to judge a sample
     again: the wait ends at once (harness.cancel.sleep), the run stops, and the sample's infra_error record is on
