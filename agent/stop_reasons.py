@@ -35,8 +35,10 @@ def checked(value: object) -> str | None:
     StopReason raises ValueError."""
     if value is None:
         return None
-    try:
+    if isinstance(value, str) and value in _VALUES:
         return StopReason(value).value
-    except ValueError:
-        raise ValueError(f"unknown stop reason {value!r}; the reasons are: "
-                         f"{', '.join(r.value for r in StopReason)}") from None
+    raise ValueError(f"unknown stop reason {value!r}; the reasons are: "
+                     f"{', '.join(sorted(_VALUES))}")
+
+
+_VALUES = frozenset(r.value for r in StopReason)
