@@ -17,6 +17,7 @@ from agent.tool_calls import REFUSED, bound_reply, invalid_call_answer, within_w
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.launch.sandbox import probe
 from harness.problems.registry import get, load_suite
+from prompts.pkb_generator import first_block
 from prompts.replies import extract_code
 from tests.agent_support import run_samples, scripted
 from tools.base import MAX_ARGUMENT_DEPTH, MAX_SOURCE_BYTES, ToolContext, source_arg, strip_fence
@@ -25,6 +26,17 @@ from tools.dispatch import run_tool
 HUGE = 48 << 20  # the source an agent once accepted, judged and wrote four times (a 433 MiB run folder)
 # The pattern source_arg used: backtracks quadratically on a long blank run inside an unclosed fence.
 OLD_FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^\n]*\n(.*?)\n\s*\1\s*$", re.DOTALL)
+# PKB's rule for a reply's code (prompts.pkb_generator.first_block), as PKB's generator writes it.
+PKB_BLOCKS = (re.compile(r"```python\s*\n(.*?)```", re.DOTALL), re.compile(r"```\s*\n(.*?)```", re.DOTALL))
+
+
+def pkb_first_block(reply: str) -> str:
+    text = reply.strip()
+    for pattern in PKB_BLOCKS:
+        found = pattern.search(text)
+        if found:
+            return found.group(1).strip()
+    return text
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +84,8 @@ def test_a_400_kb_source_with_an_unclosed_fence_is_read_in_one_pass():
     reply = "Here it is.\n\n" + source  # the same text as a reply: the last (unclosed) python block
     code = extract_code(reply)
     assert code is not None and code.startswith("import torch") and code.endswith("return x\n")
+    # PKB's rule (--prompt pkb) on a reply whose unclosed fence is followed by a long blank run
+    assert first_block("```python" + " \n" * 200_000 + "x = 1") == "```python" + " \n" * 200_000 + "x = 1"
 
 
 def test_the_one_pass_fence_rule_is_the_old_patterns_rule():
@@ -84,6 +98,9 @@ def test_the_one_pass_fence_rule_is_the_old_patterns_rule():
         assert strip_fence(text) == (found.group(2) if found else None), repr(text)
     assert source_arg({"source": "```python\ndef solution(x):\n    return x\n```\n"}) == \
         "def solution(x):\n    return x\n"
+    for _ in range(50_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9)))
+        assert first_block(text) == pkb_first_block(text), repr(text)
 
 
 def test_a_malformed_quote_in_a_harness_command_is_the_models_error(all_reduce, tmp_path):
