@@ -8,24 +8,33 @@ reached when the amount spent is at or above it. Turns are checked before a mode
 the last allowed turn is still acted on); the others are checked after every model reply and every
 round of tool calls, so no tool runs on a budget already spent.
 
+Tokens and dollars are also checked within a request, before it is sent (`before_request`): a prompt that
+alone would take the input tokens or the dollars over their limit is not sent (the prompt is the
+request's estimate, agent.context, priced at the uncached input rate), and what is left of the output
+tokens and the dollars caps the reply's `max_tokens` (agent.reasoning.reply_limit sends it). A model
+that honours its reply limit therefore never takes a budget over; the input tokens can go over only by
+the estimate's error. A model the price table does not list has no dollar cap (its cost is unknown).
+
 What was spent lives in the agent's graph state (as `Spent.as_dict()`), so a sample resumed from its
 checkpoint keeps counting where it stopped; the time a killed run lay dead is not charged to it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from agent.usage import Usage
+from agent.stop_reasons import StopReason
+from agent.usage import Price, Usage
 
-# Stop reasons of docs/run-layout.md, one per limit.
-MAX_TURNS = "max_turns"
-MAX_INPUT_TOKENS = "max_input_tokens"
-MAX_OUTPUT_TOKENS = "max_output_tokens"
-MAX_COST = "max_cost"
-MAX_WALL = "max_wall"
-MAX_GPU = "max_gpu"
+# The stop reasons of the limits (agent.stop_reasons), by the names the callers know them by.
+MAX_TURNS = StopReason.MAX_TURNS
+MAX_INPUT_TOKENS = StopReason.MAX_INPUT_TOKENS
+MAX_OUTPUT_TOKENS = StopReason.MAX_OUTPUT_TOKENS
+MAX_COST = StopReason.MAX_COST
+MAX_WALL = StopReason.MAX_WALL
+MAX_GPU = StopReason.MAX_GPU
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,16 @@ class Spent:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
+@dataclass(frozen=True)
+class RequestLimit:
+    """What the budgets allow the next request: `stop` (not sent), else the reply's `max_tokens` (None: no
+    budget limits it), with the one line that says why."""
+
+    stop: StopReason | None
+    max_tokens: int | None
+    why: str = ""
+
+
 class BudgetTracker:
     """Records what a sample spends against its Budget; `stop_reason()` names the first limit reached."""
 
@@ -105,7 +124,38 @@ class BudgetTracker:
     def record_wall(self, seconds: float) -> None:
         self.spent = replace(self.spent, wall_s=self.spent.wall_s + max(seconds, 0.0))
 
-    def stop_reason(self, *, before_model_call: bool) -> str | None:
+    def wall_left(self) -> float | None:
+        """Seconds of the wall budget left (never below 0); None: no limit."""
+        b = self.budget.max_wall_s
+        return None if b is None else max(b - self.spent.wall_s, 0.0)
+
+    def before_request(self, prompt_tokens: int, price: Price | None, *, least_reply: int = 1) -> RequestLimit:
+        """The limit of a request whose prompt is about `prompt_tokens` (see the module doc). `price` is the
+        model's (None: not in the table, no dollar cap); `least_reply` is the smallest reply limit the model
+        accepts (above an Anthropic thinking budget): a budget that leaves less stops the sample now."""
+        b, s = self.budget, self.spent
+        if b.max_input_tokens is not None and s.input_tokens + prompt_tokens > b.max_input_tokens:
+            return RequestLimit(MAX_INPUT_TOKENS, None, f"the prompt is about {prompt_tokens} tokens; "
+                                f"{b.max_input_tokens - s.input_tokens} input tokens are left")
+        caps: list[tuple[int, StopReason]] = []
+        if b.max_output_tokens is not None:
+            caps.append((b.max_output_tokens - s.output_tokens, MAX_OUTPUT_TOKENS))
+        if b.max_cost_usd is not None and price is not None:
+            left = b.max_cost_usd - s.cost_usd - price.cost(Usage(input_tokens=prompt_tokens))
+            if left <= 0:
+                return RequestLimit(MAX_COST, None, f"the prompt alone (about {prompt_tokens} tokens) costs more "
+                                    f"than the ${max(b.max_cost_usd - s.cost_usd, 0.0):.4f} left")
+            if price.output > 0:
+                caps.append((math.floor(left * 1_000_000 / price.output), MAX_COST))
+        if not caps:
+            return RequestLimit(None, None)
+        cap, reason = min(caps)
+        if cap < least_reply:
+            return RequestLimit(reason, None, f"the budget leaves a reply of {max(cap, 0)} tokens; the model needs "
+                                f"at least {least_reply}")
+        return RequestLimit(None, cap, f"{reason.value} leaves a reply of {cap} tokens")
+
+    def stop_reason(self, *, before_model_call: bool) -> StopReason | None:
         """The first limit reached, or None. Turns count only `before_model_call` (see the module doc)."""
         b, s = self.budget, self.spent
         checks = (

@@ -10,10 +10,15 @@
   request is the state's messages as agent.context shortens them to fit the model's window (old
   candidates become references; `recall` brings them back) with the provider's cache breakpoints
   (agent.caching); a request that cannot fit stops the sample with `context_overflow`
-  before it is sent. Token usage (cache reads and writes, reasoning) and cost are recorded; tokens,
-  dollars and wall time are checked again right after the reply, so no tool runs on a spent budget.
-- tools: every tool call of the reply through agent.tool_calls.run_tool_call. Tools that run candidates
-  on a device take a lease from the DeviceScheduler first. Every candidate a tool saw is kept as candidates/NNN.py with
+  before it is sent. A request whose prompt alone would take the input tokens or the dollars over their
+  budget is not sent either (max_input_tokens, max_cost), and what the output-token and dollar budgets
+  leave caps the request's reply limit (agent.budgets.before_request, agent.reasoning.reply_limit). Token
+  usage (cache reads and writes, reasoning) and cost are recorded; tokens, dollars and wall time are
+  checked again right after the reply, so no tool runs on a spent budget. Tool calls whose arguments
+  break the tools' limits are refused before the reply enters the state (agent.tool_calls.bound_reply).
+- tools: every tool call of the reply through agent.tool_calls.run_tool_call, within what is left of the
+  wall budget. Tools that run candidates on a device take a lease from the DeviceScheduler first. Every
+  candidate a tool saw is kept as candidates/NNN.py with
   its structured result in candidates/NNN.json; `submit` ends the sample.
 - score: the submitted candidate, or else the last one, is copied to final.py and evaluated with the
   full harness on a fresh seed, scoring_seed(seed): the tools check with the run's seed, so the inputs
@@ -24,8 +29,10 @@
   bash condition's answer is its scratch folder's solution file as the session ended.
 
 An agent reply without tool calls ends the sample too: code in it is an implicit submission
-(stop reason `submitted`); a reply with no code stops with `no_code`, and the last candidate, if any,
-is still scored. Provider errors, after agent.retry's retries:
+(stop reason `submitted`); a reply with no code stops with `model_ended` and the last candidate is
+scored, or with `no_code` where there is none (a scored sample never says `no_code`). Every stop reason
+is one of agent.stop_reasons.StopReason, checked when the score node ends the sample.
+Provider errors, after agent.retry's retries:
 - a bad key, an unknown model or endpoint, a server that cannot be reached: FatalProviderError ends
   the whole run (every other sample would fail the same way);
 - rate limits, 5xx, timeouts: TransientProviderError leaves the graph at its last checkpoint; the
@@ -61,12 +68,22 @@ from agent.executors.interface import Executor
 from agent.executors.local import LocalExecutor
 from agent.executors.request import EvalRequest
 from agent.model_spec import ProviderError
+from agent.model_table import load_model_table
+from agent.reasoning import least_reply, reply_limit
 from agent.retry import invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.scoring import Scored
-from agent.tool_calls import candidate_entry, reply_candidate, run_tool_call, tool_context
+from agent.stop_reasons import StopReason, checked
+from agent.tool_calls import (
+    bound_reply,
+    candidate_entry,
+    invalid_call_answer,
+    reply_candidate,
+    run_tool_call,
+    tool_context,
+)
 from agent.usage import usage_of
 from harness.config import EvalConfig
 from harness.problems.problem import Problem
@@ -77,13 +94,14 @@ from tools.langchain_tools import make_tools
 # The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
 SCORING_SEED_OFFSET = 1_000_003
 
-# Stop reasons that are not budgets (docs/run-layout.md).
-SUBMITTED = "submitted"
-NO_CODE = "no_code"
-ZERO_SHOT = "zero_shot"
-MODEL_ERROR = "model_error"
-REPLAYED = "replayed"
-CONTEXT_OVERFLOW = "context_overflow"  # the request is longer than the model's context window
+# Stop reasons that are not budgets (agent.stop_reasons), by the names the callers know them by.
+SUBMITTED = StopReason.SUBMITTED.value
+MODEL_ENDED = StopReason.MODEL_ENDED.value
+NO_CODE = StopReason.NO_CODE.value
+ZERO_SHOT = StopReason.ZERO_SHOT.value
+MODEL_ERROR = StopReason.MODEL_ERROR.value
+REPLAYED = StopReason.REPLAYED.value
+CONTEXT_OVERFLOW = StopReason.CONTEXT_OVERFLOW.value
 
 
 def scoring_seed(seed: int) -> int:
@@ -113,7 +131,7 @@ class AgentState(TypedDict, total=False):
     spent: dict[str, Any]  # budgets.Spent.as_dict()
     candidates: list[dict[str, Any]]  # {"index", "path", "tool", "tool_call_id", "message_id", "verdict"}
     submitted: str | None  # the submitted candidate, relative to the sample folder
-    stop_reason: str | None
+    stop_reason: str | None  # a StopReason's value
     error: str | None  # the provider's message when stop_reason is model_error
     result: dict[str, Any] | None  # the final scoring's EvalResult, as JSON
     scoring: dict[str, Any]  # {"seconds", "gpu_s", "attempts", "final"}
@@ -295,6 +313,8 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
     search's agent proposer, whose candidate the search evaluates itself (agent.search.episode)."""
     bound, tools_tokens = bind_model(ctx)
     log = ctx.log
+    info = load_model_table().info(ctx.model_name)  # what the reply limit of a request is called (reasoning)
+    price = ctx.prices.price(ctx.model_name) if ctx.prices is not None else None
     is_agent = ctx.condition.uses_tools
     policy = ctx.context_policy or ContextPolicy(window=None)
 
@@ -304,8 +324,8 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
     def guard(state: AgentState) -> dict[str, Any]:
         reason = tracker(state).stop_reason(before_model_call=True)
         if reason and log is not None:
-            log.info("budget_stop", reason=reason, spent=state.get("spent"))
-        return {"stop_reason": reason} if reason else {}
+            log.info("budget_stop", reason=reason.value, spent=state.get("spent"))
+        return {"stop_reason": reason.value} if reason else {}
 
     def model(state: AgentState) -> dict[str, Any]:
         started = time.perf_counter()
@@ -323,10 +343,17 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
             if log is not None:
                 log.warning("context_overflow", estimate=prepared.estimate, window=policy.window)
             return {"stop_reason": CONTEXT_OVERFLOW, "error": why, "context": context.as_dict()}
+        limit = spend.before_request(prepared.estimate, price, least_reply=least_reply(ctx.model))
+        if limit.stop is not None:
+            if log is not None:
+                log.info("budget_stop", reason=limit.stop.value, before_request=limit.why, spent=state.get("spent"))
+            return {"stop_reason": limit.stop.value, "context": context.as_dict()}
         request = caching.for_request(prepared.messages, ctx.provider, enabled=ctx.prompt_cache,
                                       stable_prefix=STABLE_PREFIX)
+        call = bound if limit.max_tokens is None else \
+            bound.bind(**reply_limit(ctx.provider, info, ctx.model, limit.max_tokens))
         try:
-            reply = invoke_model(bound, request, attempts=ctx.model_attempts, log=log)
+            reply = bound_reply(invoke_model(call, request, attempts=ctx.model_attempts, log=log))
         except ProviderError as err:
             spend.record_wall(time.perf_counter() - started)
             if is_fatal(err):
@@ -351,12 +378,13 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
                      cache_read_tokens=usage.cache_read_tokens if usage else None,
                      cache_write_tokens=usage.cache_write_tokens if usage else None,
                      reasoning_tokens=usage.reasoning_tokens if usage else None,
-                     finish_reason=finish_reason(reply), estimate=prepared.estimate, cost_usd=cost)
+                     finish_reason=finish_reason(reply), estimate=prepared.estimate, cost_usd=cost,
+                     reply_limit=limit.max_tokens)
         update: dict[str, Any] = {"messages": [reply], "spent": spend.spent.as_dict(), "context": context.as_dict()}
         if is_agent and (reply.tool_calls or reply.invalid_tool_calls):
             budget_stop = spend.stop_reason(before_model_call=False)
             if budget_stop:
-                update["stop_reason"] = budget_stop
+                update["stop_reason"] = budget_stop.value
             return update
         if ctx.condition.kind == BASH:  # a reply that runs no command ends it; the score node takes the file
             update["stop_reason"] = SUBMITTED
@@ -365,8 +393,10 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
         if reply.id is None:  # add_messages would give it one; the candidate record needs it now
             reply.id = str(uuid.uuid4())
         code = prompting.extract(state.get("prompt") or {}, message_text(reply))
-        if code is None:
-            update["stop_reason"] = NO_CODE
+        if code is None:  # the last candidate, if any, is scored; a reply cut by a spent budget says so
+            budget_stop = spend.stop_reason(before_model_call=False)
+            update["stop_reason"] = (budget_stop.value if budget_stop else
+                                     MODEL_ENDED if state.get("candidates") else NO_CODE)
             return update
         _drop_orphans(ctx, state)
         entry = reply_candidate(ctx, code, reply.id, **_progress(spend.spent))
@@ -382,21 +412,23 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
         assert isinstance(reply, AIMessage)
         candidates = list(state.get("candidates") or [])
         _drop_orphans(ctx, state)
-        # Calls whose arguments were not valid JSON get an error answer: the model can try again.
+        # Calls whose arguments were not valid JSON, or were refused (bound_reply), get an error answer.
         messages: list[ToolMessage] = [
-            ToolMessage(content=f"error: the arguments of this {bad.get('name') or 'tool'} call could not be parsed"
-                                f" ({bad.get('error') or 'invalid JSON'}); send them again as a JSON object",
-                        tool_call_id=bad.get("id") or "", name=bad.get("name") or "", status="error")
+            ToolMessage(content=invalid_call_answer(dict(bad)), tool_call_id=bad.get("id") or "",
+                        name=bad.get("name") or "", status="error")
             for bad in reply.invalid_tool_calls]
         submitted: str | None = None
+        wall_left = spend.wall_left()
         for call in reply.tool_calls:
             call_id = call.get("id") or ""
             name = call["name"]
-            if submitted is not None:
-                messages.append(ToolMessage(content=f"not run: the sample ended with {SUBMIT}", tool_call_id=call_id,
-                                            name=name, status="error"))
+            left = None if wall_left is None else wall_left - (time.perf_counter() - started)
+            if submitted is not None or (left is not None and left <= 0):
+                why = f"the sample ended with {SUBMIT}" if submitted is not None else "the wall budget ran out"
+                messages.append(ToolMessage(content=f"not run: {why}", tool_call_id=call_id, name=name,
+                                            status="error"))
                 continue
-            outcome, gpu_s, error = run_tool_call(ctx, name, call.get("args") or {})
+            outcome, gpu_s, error = run_tool_call(ctx, name, call.get("args") or {}, wall_left=left)
             spend.record_tool(name, gpu_s)
             if error is not None:
                 messages.append(ToolMessage(content=error, tool_call_id=call_id, name=name, status="error"))
@@ -418,7 +450,7 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
         else:
             reason = spend.stop_reason(before_model_call=False)
             if reason:
-                update["stop_reason"] = reason
+                update["stop_reason"] = reason.value
         return update
 
     def score(state: AgentState) -> dict[str, Any]:
@@ -434,6 +466,9 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
                 update["stop_reason"] = NO_CODE
         else:
             final = state.get("submitted") or (candidates[-1]["path"] if candidates else None)
+        reason = checked(update.get("stop_reason", state.get("stop_reason")))  # an unknown reason fails here
+        if final is not None and reason == NO_CODE:  # a scored sample never says no_code
+            update["stop_reason"] = MODEL_ENDED
         if final is None or not score_final:
             return {**update, "result": None, "held_out": [], "best": None,
                     "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": final}}

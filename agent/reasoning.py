@@ -15,7 +15,11 @@ One request shape per kind of model (agent/models.json's "reasoning"):
   llama.cpp's read only the older name.
 
 `request_options` returns the keyword arguments of the LangChain chat model; a contradiction is a
-ProviderError of kind "config", raised before any request.
+ProviderError of kind "config", raised before any request. `reply_limit` returns the keyword arguments of
+one request that hold its reply to what the budgets leave (agent.budgets.before_request), by the same
+names: `max_tokens` (LangChain sends it to OpenAI as `max_completion_tokens`), for unlisted OpenAI-compatible
+models also in the body, never above the model's own limit; `least_reply` is the smallest such limit a
+model takes (an Anthropic thinking budget needs max_tokens above it).
 """
 
 from __future__ import annotations
@@ -138,3 +142,23 @@ def _default_max(info: ModelInfo | None) -> int:
     return min(DEFAULT_ANTHROPIC_MAX_TOKENS, limit) if limit is not None else DEFAULT_ANTHROPIC_MAX_TOKENS
 
 
+
+
+def least_reply(model: Any) -> int:
+    """The smallest reply limit a request of `model` can carry: above its thinking budget where it has one."""
+    thinking = getattr(model, "thinking", None)
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        return int(thinking.get("budget_tokens") or 0) + 1
+    return 1
+
+
+def reply_limit(provider: str, info: ModelInfo | None, model: Any, cap: int) -> dict[str, Any]:
+    """One request's keyword arguments that hold its reply to `cap` tokens (reasoning included), or to the
+    model's own limit where that is lower (see the module docstring)."""
+    own = getattr(model, "max_tokens", None)
+    limit = min(cap, own) if isinstance(own, int) and own > 0 else cap
+    out: dict[str, Any] = {"max_tokens": limit}
+    if provider == "openai" and not (info is not None and info.reasoning == "effort"):
+        # llama.cpp's server reads only the body's max_tokens (request_options does the same)
+        out["extra_body"] = {**(getattr(model, "extra_body", None) or {}), "max_tokens": limit}
+    return out

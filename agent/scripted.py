@@ -13,6 +13,9 @@ In JSON (a list of steps, or {"steps": [...]}) the same steps are lists: ["tool"
 
 An answer table ({"answers": ...} in the .json file) is a model whose outcome is known per condition and
 problem, for sweeps with a known answer (tests, docs/sweep.md): AnswerTableChatModel.
+
+LongAnswerChatModel answers every call at length, as far as the request's `max_tokens` lets it, and
+reports the tokens it read and wrote as a server would: for tests of the budgets within a request.
 """
 
 from __future__ import annotations
@@ -91,7 +94,8 @@ class ScriptedChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        self.calls.append({"messages": list(messages), "tools": kwargs.get("tools")})
+        self.calls.append({"messages": list(messages), "tools": kwargs.get("tools"),
+                           "max_tokens": kwargs.get("max_tokens")})
         if self._position >= len(self.script):
             raise ScriptExhausted(
                 f"scripted model {self.script_name!r} ran out: call {self._position + 1} but the script has "
@@ -101,6 +105,41 @@ class ScriptedChatModel(BaseChatModel):
         self._position += 1
         if reply.usage_metadata is None and self.usage is not None:
             reply.usage_metadata = UsageMetadata(**self.usage)
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+
+class LongAnswerChatModel(BaseChatModel):
+    """Every reply: `answer_tokens` tokens of text (cut to the request's `max_tokens`, as a server cuts a
+    reply, finish_reason "length") and the same tool call, `tool` with `args`. Its usage is what it read
+    (the messages and the tool schemas, counted as agent.context counts them) and what it wrote; each
+    call's max_tokens is kept in `limits`."""
+
+    answer_tokens: int = 2_000
+    tool: str = "compile"
+    args: dict[str, Any] = Field(default_factory=dict)
+    limits: list[int | None] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-long"
+
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any], *,
+                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
+        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        from agent.context import count_message, tools_token_count  # deferred: tools.render loads tiktoken
+
+        limit = kwargs.get("max_tokens")
+        self.limits.append(limit)
+        written = self.answer_tokens if limit is None else min(self.answer_tokens, int(limit))
+        read = sum(count_message(m) for m in messages) + tools_token_count(kwargs.get("tools") or [])
+        reply = AIMessage(content=" ".join(["word"] * written),
+                          tool_calls=[{"name": self.tool, "args": dict(self.args), "id": f"long_{len(self.limits)}",
+                                       "type": "tool_call"}],
+                          response_metadata={"finish_reason": "length" if written < self.answer_tokens else "stop"})
+        reply.usage_metadata = UsageMetadata(input_tokens=read, output_tokens=written, total_tokens=read + written)
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 

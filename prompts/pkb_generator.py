@@ -326,16 +326,30 @@ def _no_dryrun_text(checkout: Path) -> str:
 
 # -- reading code out of a reply, PKB's way ---------------------------------------------------------------
 
-_PYTHON_BLOCK = re.compile(r"```python\s*\n(.*?)```", re.DOTALL)
-_ANY_BLOCK = re.compile(r"```\s*\n(.*?)```", re.DOTALL)
+def _block(text: str, opening: str) -> str | None:
+    """What PKB's `re.search(opening + r"\\s*\\n(.*?)```", text, re.DOTALL)` finds, in one pass: the first
+    `opening` followed by blanks holding a newline, up to the next ```. (The pattern backtracked
+    quadratically over a long blank run after an unclosed fence.)"""
+    pos = 0
+    while (start := text.find(opening, pos)) >= 0:
+        blank = end = start + len(opening)
+        while end < len(text) and text[end].isspace():
+            end += 1
+        newline = text.rfind("\n", blank, end)
+        if newline < 0:
+            pos = start + 1
+            continue
+        close = text.find("```", end)  # none here, none for any later opening either
+        return None if close < 0 else text[newline + 1:close]
+    return None
 
 
 def first_block(reply: str) -> str:
     """PKB's rule: the first ```python block, else the first untagged ``` block, else the whole reply
     (stripped); the code itself stripped too. An empty result means no code."""
     text = reply.strip()
-    for pattern in (_PYTHON_BLOCK, _ANY_BLOCK):
-        found = pattern.search(text)
-        if found:
-            return found.group(1).strip()
+    for opening in ("```python", "```"):
+        found = _block(text, opening)
+        if found is not None:
+            return found.strip()
     return text

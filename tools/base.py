@@ -6,6 +6,11 @@ the model, bounded by `answer_tokens` (tools/render.py), and structured data for
 candidate's .json file. GPU seconds are the wall time of the harness work on device "cuda" times the
 number of ranks (zero on CPU), so budgets charge what the GPUs were held for. tools.dispatch.run_tool runs
 one call; tools.specs says what each tool takes.
+
+The model's arguments are hostile input like a candidate's files: `argument_refusal` bounds their size
+and nesting before anything is saved or parsed (one line naming the limit goes back to the model), and the
+whole-file fence around a source is found in one linear pass (a backtracking pattern took minutes on a
+400 KB source with an unclosed fence).
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ from harness.records.redaction import redact_text
 from tools import render
 
 CANDIDATES_DIR = "candidates"
+# What a tool call's arguments may hold (argument_refusal): a string argument (the source, a shell command,
+# a topic) at most MAX_SOURCE_BYTES, all of them together a little more, containers nested at most
+# MAX_ARGUMENT_DEPTH deep (every tool takes a flat object: deeper is never a real call).
+MAX_SOURCE_BYTES = 1 << 20
+MAX_ARGUMENTS_BYTES = MAX_SOURCE_BYTES + (64 << 10)
+MAX_ARGUMENT_DEPTH = 4
 FINAL_FILE = "final.py"
 _CANDIDATE = re.compile(r"^(\d{3,})\.py$")
 
@@ -103,7 +114,74 @@ class ToolOutcome:
 
 # -- helpers the tools share ---------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})[^\n]*\n(.*?)\n\s*\1\s*$", re.DOTALL)
+def argument_refusal(name: str, args: Any) -> str | None:
+    """The one line that refuses a tool call's arguments (size or nesting over the limits above), or None.
+    Walked without recursion, and left at the first limit passed: a hostile object costs no more than the
+    limit."""
+    if not isinstance(args, dict):
+        return f"{name}: the arguments must be one JSON object, got {type(args).__name__}"
+    total = 0
+    stack: list[tuple[Any, int, str]] = [(args, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                return (f"{name}: the arguments are nested more than {MAX_ARGUMENT_DEPTH} deep (at `{where}`); "
+                        "send a flat JSON object")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                total += len(str(key)) + 1
+                stack.append((item, depth + 1, where or str(key)))
+        elif isinstance(value, str):
+            size = len(value) if len(value) > MAX_SOURCE_BYTES else len(value.encode("utf-8", "surrogatepass"))
+            if size > MAX_SOURCE_BYTES:
+                return (f"{name}: `{where}` is {size:,} characters; the limit is {MAX_SOURCE_BYTES:,} bytes "
+                        f"({MAX_SOURCE_BYTES >> 20} MiB): send a smaller file")
+            total += size
+        else:
+            total += 1
+        if total > MAX_ARGUMENTS_BYTES:
+            return (f"{name}: the arguments hold over {MAX_ARGUMENTS_BYTES:,} bytes in all; the limit is "
+                    f"{MAX_ARGUMENTS_BYTES:,}: send less")
+    return None
+
+
+def strip_fence(text: str) -> str | None:
+    """The body of a markdown fence around the whole of `text`, else None; one pass, no backtracking.
+
+    The rule the earlier pattern `^\\s*(`{3,}|~{3,})[^\\n]*\\n(.*?)\\n\\s*\\1\\s*$` (DOTALL) stated: the
+    first non-blank characters open a fence (three or more backticks or tildes) whose line ends with a
+    newline; the last non-blank characters close it, with the same character, at least three and at most
+    as many as opened it, preceded by a newline after the opening line; the body lies between the opening
+    line's newline and the first newline of the blank run before the closing fence."""
+    n = len(text)
+    i = 0
+    while i < n and text[i].isspace():
+        i += 1
+    if i == n or text[i] not in "`~":
+        return None
+    mark = text[i]
+    j = i
+    while j < n and text[j] == mark:
+        j += 1
+    opened = j - i
+    newline = text.find("\n", j)
+    if opened < 3 or newline < 0:
+        return None
+    end = n - 1
+    while end > newline and text[end].isspace():
+        end -= 1
+    start = end
+    while start > newline and text[start] == mark:
+        start -= 1
+    if not 3 <= end - start <= opened:
+        return None
+    blank = start
+    while blank > newline and text[blank].isspace():
+        blank -= 1
+    body_end = text.find("\n", max(blank + 1, newline + 1), start + 1)
+    return None if body_end < 0 else text[newline + 1:body_end]
+
 
 
 def source_arg(args: dict[str, Any], required: bool = True) -> str | None:
@@ -117,9 +195,9 @@ def source_arg(args: dict[str, Any], required: bool = True) -> str | None:
         return None
     if not isinstance(source, str):
         raise ToolInputError(f"`source` must be a string holding the whole file, got {type(source).__name__}")
-    fenced = _FENCE.match(source.strip("\n"))
-    if fenced:
-        source = fenced.group(2)
+    body = strip_fence(source.strip("\n"))
+    if body is not None:
+        source = body
     return source if source.endswith("\n") else source + "\n"
 
 

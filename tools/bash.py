@@ -163,7 +163,10 @@ def _harness_command(ctx: ToolContext, command: str, tool: str) -> ToolOutcome:
     # Deferred: each imports the harness's evaluation; a shell command needs neither.
     from tools import bench, check
 
-    words = shlex.split(command)
+    try:
+        words = shlex.split(command)
+    except ValueError as err:  # an unclosed quote: the model's command, not the tool, is at fault
+        raise ToolInputError(f"cannot read the command's words: {err}") from None
     if len(words) > 2:
         raise ToolInputError(f"{words[0]} takes one file name at most, relative to the scratch folder")
     rel = words[1] if len(words) == 2 else ctx.shell_solution

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from tools import render
-from tools.base import ToolContext, ToolInputError, ToolOutcome, save_candidate, save_record, source_arg
+from tools.base import (
+    ToolContext,
+    ToolInputError,
+    ToolOutcome,
+    argument_refusal,
+    save_candidate,
+    save_record,
+    source_arg,
+)
 from tools.specs import BY_NAME, TOOL_NAMES
 
 
@@ -19,28 +27,37 @@ def run_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolOutcome:
     """Run one tool call: save the candidate (if the call carries one), run the tool, record the result.
 
     Bad arguments and harness failures come back as an outcome the model can read, with the details in
-    `data`; they never raise into the agent loop.
+    `data`; they never raise into the agent loop. Bad arguments (over the size or nesting limits, unusable by
+    the tool) are the model's error: no verdict, no infra_error, nothing saved.
     """
     spec = BY_NAME.get(name)
     if spec is None:
         text = f"unknown tool {name!r}; the tools are: {', '.join(TOOL_NAMES)}"
         return ToolOutcome(name, render.truncate(text, ctx.answer_tokens), {"tool": name, "error": "unknown_tool"})
+    refusal = argument_refusal(name, {} if args is None else args)
+    if refusal is not None:
+        return _bad_arguments(name, refusal, ctx)
     args = dict(args or {})
     try:
         source = source_arg(args, required=spec.source == "required") if spec.source != "none" else None
     except ToolInputError as err:
-        return ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
-                           {"tool": name, "error": "bad_arguments", "message": str(err)})
+        return _bad_arguments(name, f"{name}: {err}", ctx)
     candidate = save_candidate(ctx, source) if source is not None else None
     try:
         outcome = spec.run(args, ctx, candidate)
     except ToolInputError as err:
-        outcome = ToolOutcome(name, render.truncate(f"{name}: {err}", ctx.answer_tokens),
-                              {"tool": name, "error": "bad_arguments", "message": str(err)}, candidate=candidate)
+        outcome = _bad_arguments(name, f"{name}: {err}", ctx)
+        outcome.candidate = candidate
     except Exception as exc:  # noqa: BLE001 - a tool call always ends with an answer
         outcome = _unexpected(name, exc, ctx, candidate)
     save_record(outcome, ctx)
     return outcome
+
+
+def _bad_arguments(name: str, message: str, ctx: ToolContext) -> ToolOutcome:
+    """The model's own error: what was wrong, with no verdict and no invitation to try the same call again."""
+    return ToolOutcome(name, render.truncate(message, ctx.answer_tokens),
+                       {"tool": name, "error": "bad_arguments", "message": message})
 
 
 def _unexpected(name: str, exc: Exception, ctx: ToolContext, candidate: Path | None) -> ToolOutcome:

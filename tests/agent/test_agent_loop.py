@@ -155,7 +155,8 @@ def test_a_tool_call_with_unparsable_arguments_gets_an_error_answer_and_the_loop
     assert s["sample"]["turns"] == 3 and s["sample"]["tool_calls"] == {"compile": 1}
     answer = s["transcript"][3]
     assert answer["role"] == "tool" and answer["tool_call_id"] == "bad_0" and "could not be parsed" in answer["content"]
-    assert s["sample"]["stop_reason"] == "no_code" and s["sample"]["verdict"] == "compile_error"  # the last candidate
+    # the last candidate is scored, so the stop is model_ended, never no_code (issue 44)
+    assert s["sample"]["stop_reason"] == "model_ended" and s["sample"]["verdict"] == "compile_error"
 
 
 class Failing(ScriptedChatModel):
@@ -197,15 +198,17 @@ def test_budget_tracker_limits_and_turn_semantics():
 
 
 def _prices(per_reply_usd: float) -> PriceTable:
-    # 100 input tokens a reply (the scripted default), priced so that one reply costs per_reply_usd
+    # 20 output tokens a reply (the scripted default), priced so that one reply costs per_reply_usd; the input
+    # is free (a priced prompt is checked before it is sent: test_budgets_within_a_request.py)
     return PriceTable.from_dict({"version": "test", "currency": "USD", "per_million_tokens": {
-        SCRIPTED: {"input": per_reply_usd * 1e4, "output": 0.0}}}, "test")
+        SCRIPTED: {"input": 0.0, "output": per_reply_usd * 5e4}}}, "test")
 
 
 # (budget, tool the script keeps calling, stop reason, model calls made, tool calls run)
 @pytest.mark.parametrize(("budget", "tool", "reason", "turns", "tools_run"), [
     (Budget(max_turns=2), "compile", MAX_TURNS, 2, 2),  # the 2nd reply's tools still run; no 3rd call
-    (Budget(max_input_tokens=150), "compile", MAX_INPUT_TOKENS, 2, 1),  # 100 input tokens per reply
+    # the prompt alone (thousands of tokens) is over 150: the first request is never sent (issue 44)
+    (Budget(max_input_tokens=150), "compile", MAX_INPUT_TOKENS, 0, 0),
     (Budget(max_output_tokens=50), "compile", MAX_OUTPUT_TOKENS, 3, 2),  # 20 output tokens per reply
     (Budget(max_cost_usd=2.5), "compile", MAX_COST, 3, 2),  # $1 per reply
     (Budget(max_wall_s=1e-6), "compile", MAX_WALL, 1, 0),
