@@ -23,8 +23,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["CliError", "HelpFormatter", "Parser", "console", "err_console", "escape", "existing_file", "leave",
-           "plain", "world_sizes"]
+from harness.common.atomic_write import check_out
+from harness.common.hostile_files import HostileFile, check_given
+
+__all__ = ["CliError", "HelpFormatter", "Parser", "check_out_path", "console", "err_console", "escape",
+           "existing_file", "leave", "plain", "world_sizes"]
 
 
 class CliError(Exception):
@@ -116,9 +119,21 @@ def world_sizes(text: str) -> list[int]:
 
 
 def existing_file(path: str, what: str) -> Path:
+    """A file the user named, opened as a candidate's artifact is (harness.common.hostile_files.check_given):
+    a regular file (never a FIFO, device or folder), opened without blocking, within GIVEN_LIMIT bytes."""
     p = Path(path)
     if not p.exists():
         raise CliError(f"{what} {path} does not exist")
-    if not p.is_file():
-        raise CliError(f"{what} {path} is not a file")
+    try:
+        check_given(p)
+    except HostileFile as err:
+        raise CliError(f"{what} {err}") from None
     return p
+
+
+def check_out_path(path: str) -> None:
+    """A bad --out said before the command's work (harness.common.atomic_write's rule)."""
+    try:
+        check_out(path)
+    except OSError as err:
+        raise CliError(f"cannot write {path}: {err.strerror or err}") from None

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from agent.cli import emulation, sandbox_gate
-from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.common import CliError, check_out_path, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
-from agent.rundir import write_text_atomic
+from agent.rundir import write_out_text
 from harness.common.flags import is_emulated, timing_note
 from harness.emulation import layout
 
@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     # What the arguments alone show is said before anything heavy is imported.
     solution = existing_file(args.solution, "solution file")
+    if args.out:
+        check_out_path(args.out)
     if args.trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
     # Deferred: the harness imports torch; the parser and `pkb --help` do not need it.
@@ -87,7 +89,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluate(problem, solution, world_size=args.world_size, device=args.device, shape=shape, config=config)
     text = result.model_dump_json(indent=2)
     if args.out:
-        write_text_atomic(Path(args.out), text)
+        try:
+            write_out_text(Path(args.out), text)
+        except OSError as err:
+            raise CliError(f"cannot write {args.out}: {err.strerror or err}") from None
     if args.json:
         print(text)
     else:

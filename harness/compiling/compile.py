@@ -44,6 +44,7 @@ from harness.common.paths import REPO_ROOT
 from harness.compiling.builds import may_build
 from harness.compiling.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
 from harness.compiling.slots import BuildSlots
+from harness.compiling.source_text import SourceEncodingError, source_text
 from harness.launch.pool import worker_env
 from harness.launch.priority import niced, set_session_niceness
 from harness.launch.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable, clean_environment, probe
@@ -208,7 +209,10 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     too much or reported nothing is the candidate's compile_error (its code ran in that process)."""
     path = Path(path).resolve()  # the helper runs in the checkout: a relative path would name another file
     raw = path.read_bytes()
-    source = raw.decode(errors="replace")
+    try:
+        source = source_text(raw)  # what Python runs: a declared encoding other than UTF-8 is refused
+    except SourceEncodingError as err:
+        return CompileOutcome(False, 0.0, failures.COMPILE_ERROR, str(err))
     outcome = check_syntax(source, str(path))
     if not outcome.ok or not may_build(source):
         return outcome

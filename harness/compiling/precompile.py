@@ -30,6 +30,7 @@ from typing import Any
 
 from harness.common.failures import COMPILE_ERROR
 from harness.compiling.builds import BuildOutcome, Undiscovered, build_ahead
+from harness.compiling.source_text import SourceEncodingError, source_text
 from harness.problems.problem import import_file, module_name_for
 from harness.problems.registry import load_problem_spec
 from harness.rank.candidate import classify_load_error, trimmed_traceback
@@ -73,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
             return report(summary([], [], "a build at import failed", BUILD_FAILED_STATUS))
         print(f"import raised {type(exc).__name__} (not a build failure; left to the rank workers)")
         return report(summary([], [], f"raised {type(exc).__name__}", IMPORT_FAILED_STATUS))
-    source = args.candidate.read_text(errors="replace")
+    try:
+        source = source_text(args.candidate.read_bytes())  # the compile stage refused any other encoding
+    except SourceEncodingError as err:
+        print(f"precompile: {err}")  # no result line: a failure
+        return 2
     outcomes, undiscovered = build_ahead(module, source)
     failed = False
     for o in outcomes:
