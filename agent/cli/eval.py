@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,8 +94,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             write_out_text(Path(args.out), text)
         except OSError as err:
             raise CliError(f"cannot write {args.out}: {err.strerror or err}") from None
-    if args.json:
-        print(text)
+    if args.json:  # every character beyond ASCII as \uXXXX: nothing a terminal obeys (C1, U+202E) comes through
+        print(json.dumps(json.loads(text), indent=2, ensure_ascii=True))
     else:
         render(result, ranks_per_gpu=args.ranks_per_gpu)
     return 0 if result.correct else 1
@@ -110,7 +111,7 @@ def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
                                       f"phase {f.phase}" if f.phase else "") if x)
         console.print(plain(f"{f.message}" + (f"  ({where})" if where else "")))
         if f.evidence:
-            console.print(f.evidence, markup=False, highlight=False)
+            console.print(plain(f.evidence), highlight=False)
     if result.flags:
         console.print(plain(f"flags: {', '.join(result.flags)}"))
     emulated = layout.is_emulated(ranks_per_gpu) or is_emulated(result)
