@@ -10,10 +10,11 @@ source then reads what Python runs. Standard library only: the rank side may imp
 
 from __future__ import annotations
 
+import codecs
 import io
 import tokenize
 
-ACCEPTED = ("utf-8", "utf-8-sig")  # the names tokenize.detect_encoding gives UTF-8 (its aliases included)
+ACCEPTED = ("utf-8", "utf-8-sig")  # codecs' own names of UTF-8, whatever alias declared it (utf8, UTF_8)
 
 
 class SourceEncodingError(ValueError):
@@ -34,11 +35,15 @@ def source_text(raw: bytes) -> str:
     """The text Python runs for `raw`: UTF-8 only (see the module's docstring), newlines as Python reads
     them. SourceEncodingError otherwise."""
     encoding = declared_encoding(raw)
-    if encoding not in ACCEPTED:
+    try:
+        known = codecs.lookup(encoding).name
+    except LookupError:  # detect_encoding looked it up already; never here
+        known = encoding
+    if known not in ACCEPTED:
         raise SourceEncodingError(f"the source declares the encoding {encoding[:40]!r}; only UTF-8 source is "
                                   "accepted (what the harness reads must be what Python runs)")
     try:
-        text = raw.decode(encoding)
+        text = raw.decode(known)
     except UnicodeDecodeError as err:
         raise SourceEncodingError(f"the source is not UTF-8 (byte {err.start}: {err.reason})") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as import reads it
