@@ -9,8 +9,10 @@ Two layouts are read:
   never by the number alone). Every file of the folder is accounted for in `ReplaySet.matches`, matched
   or not, with the reason; `pkb run` prints the unmatched ones and saves them all in the run folder.
 
-Each file of a problem is one sample, in path order. A `.py` file or folder in DIR that names no problem
-of the source is refused (a typo would otherwise score as a missing solution). A selected problem with no
+Each file of a problem is one sample, in path order. Every `.py` file is checked before the run
+starts: a FIFO, a device or a link out of DIR is refused with its name (as a candidate's artifact is). A
+`.py` file or folder in DIR that names no problem of the source is refused (a typo would otherwise score as
+a missing solution). A selected problem with no
 file at all gets one `no_code` sample, as PKB counts a missing solution; with no --problems selection,
 only the problems the directory solves are run.
 """
@@ -18,10 +20,12 @@ only the problems the directory solves are run.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.common import hostile_files
 from harness.problems.parallelkernelbench import checkout, solutions
 from harness.problems.parallelkernelbench.solutions import Match, tally
 from harness.problems.problem import Problem
@@ -70,18 +74,40 @@ def load_replay(directory: str | Path, problems: Sequence[Problem]) -> ReplaySet
     return _our_layout(root, problems)
 
 
+def _plain_solution(root: Path, path: Path) -> Path:
+    """`path`, once it is known to be a regular file of the folder (not a FIFO, device or link out of it)
+    within the size a source may have: the run reads it later, and a FIFO there once made `pkb run` wait
+    forever."""
+    try:
+        hostile_files.check_given(path, inside=root)
+    except hostile_files.HostileFile as err:
+        raise ReplayError(f"replay directory {root}: {err}") from None
+    return path
+
+
+def _solutions_below(root: Path, folder: Path) -> list[Path]:
+    """The .py files under `folder` (not hidden), each checked; links to folders are not followed."""
+    if not os.path.realpath(folder).startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+        raise ReplayError(f"replay directory {root}: {folder.name} is a link out of the folder: refused")
+    found: list[Path] = []
+    for parent, dirs, names in os.walk(folder):
+        dirs.sort()
+        found.extend(Path(parent) / n for n in names if n.endswith(".py") and not n.startswith((".", "_")))
+    return sorted(_plain_solution(root, p) for p in found)
+
+
 def _our_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
     names = {p.name for p in problems}
     files: dict[str, list[Path]] = {}
     for entry in sorted(root.iterdir()):
         if entry.name.startswith((".", "_")):
             continue  # hidden files, __pycache__, helpers such as _common.py
-        if entry.is_file() and entry.suffix == ".py":
-            name, found = entry.stem, [entry]
-        elif entry.is_dir():
-            name, found = entry.name, sorted(p for p in entry.rglob("*.py") if not p.name.startswith((".", "_")))
+        if entry.is_dir():
+            name, found = entry.name, _solutions_below(root, entry)
             if not found:
                 continue  # a folder of notes or data, not solutions
+        elif entry.suffix == ".py":
+            name, found = entry.stem, [_plain_solution(root, entry)]
         else:
             continue
         if name not in names:
@@ -97,6 +123,9 @@ def _our_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
 
 
 def _pkb_layout(root: Path, problems: Sequence[Problem]) -> ReplaySet:
+    for entry in sorted(root.iterdir()):
+        if entry.suffix == ".py" and not entry.name.startswith((".", "_")) and not entry.is_dir():
+            _plain_solution(root, entry)
     try:
         solutions.solutions_for(root)  # says clearly when the folder holds no PKB solution file at all
     except checkout.CheckoutError as err:

@@ -1,21 +1,20 @@
 """Paths of a run directory (docs/run-layout.md) and the atomic, redacted writes every file of it goes through.
 
-A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target:
-a reader (or a resumed run) sees the old file or the new one, never half of one, whatever moment the
-writer is killed at. The file gets the mode an ordinary write would give it (0666 less the umask), not
-the 0600 of a temporary file. The run's schema names are defined here, where runs are written;
+A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target
+(harness.common.atomic_write, the project's one atomic writer): a reader (or a resumed run) sees the old file
+or the new one, never half of one, whatever moment the writer is killed at. The file gets the mode an
+ordinary write would give it (0666 less the umask). The run's schema names are defined here, where runs are written;
 agent.report.run_reader reads them.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.common.atomic_write import replace_atomically, write_out
 from harness.records.redaction import redact_bytes
 
 RUN_SCHEMA = "pkb-run/1"
@@ -25,42 +24,19 @@ FINISHED = "finished"
 ATTEMPTS_DIR = "attempts"  # a sample's earlier judgements, one folder each (docs/run-layout.md)
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it (os.umask sets it, which would race with other threads)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    current = os.umask(0o022)  # no /proc (not Linux): read it by setting it, once, at import
-    os.umask(current)
-    return current
-
-
-FILE_MODE = 0o666 & ~_umask()
-
-
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Every record, transcript and report of a run goes through here: redacted (harness.records.redaction: no value
-    of the harness's secret environment variables is written), then written atomically."""
-    data = redact_bytes(data)
+    of the harness's secret environment variables is written), then written atomically
+    (harness.common.atomic_write, with the mode an ordinary write gives: 0666 less the umask)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)  # mkstemp makes it 0600
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace_atomically(path, redact_bytes(data))
+
+
+def write_out_text(path: Path, text: str) -> None:
+    """A report or record written where a user's `--out` points: redacted, then by the rule of
+    harness.common.atomic_write.write_out (a regular or new file replaced atomically, the null device, stdout or a
+    read pipe written through, anything else refused with an OSError that says why)."""
+    write_out(path, redact_bytes(text.encode()))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -5,8 +5,10 @@ the suite (torch), is agent.cli.source's.
 
 Printing: text that comes from the user, a problem file or a result (names, summaries, messages, paths)
 goes through `plain()` or `escape()`, never into rich markup as it is, so `[tokens, hidden]` prints as
-written. Where stdout is not a terminal (a pipe, a file, a test), tables are 80 columns wide (COLUMNS sets
-another width) and fold long cells, and other lines are written whole: never padded, never folded.
+written; both also remove what a terminal would obey (a candidate's message chooses its own bytes:
+harness.common.terminal). Where stdout is not a terminal (a pipe, a file, a test), tables are 80 columns
+wide (COLUMNS sets another width) and fold long cells, and other lines are written whole: never padded,
+never folded.
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ from typing import Any, NoReturn
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["CliError", "HelpFormatter", "Parser", "console", "err_console", "escape", "existing_file", "leave",
-           "plain", "world_sizes"]
+from harness.common.atomic_write import check_out
+from harness.common.hostile_files import HostileFile, check_given
+from harness.common.terminal import terminal_safe
+
+__all__ = ["CliError", "HelpFormatter", "Parser", "check_out_path", "console", "err_console", "escape",
+           "existing_file", "leave", "plain", "terminal_safe", "world_sizes"]
 
 
 class CliError(Exception):
-    """A user mistake: printed as one line, exit code 2."""
+    """A user mistake: printed as one line, exit code 2 (without what a terminal would obey: a message may name
+    a candidate's file)."""
+
+    def __str__(self) -> str:
+        return terminal_safe(super().__str__())
 
 
 class CliConsole(Console):
@@ -101,8 +111,14 @@ def leave(code: int = 130) -> NoReturn:
 
 
 def plain(text: object) -> Text:
-    """`text` as rich prints it literally (no markup, no highlighting): for table cells and whole lines."""
-    return Text(str(text))
+    """`text` as rich prints it literally (no markup, no highlighting): for table cells and whole lines. What a
+    terminal would obey (escape sequences, controls, bidi overrides: harness.common.terminal) is removed."""
+    return Text(terminal_safe(str(text)))
+
+
+def escape(text: str) -> str:
+    """`text` for a place inside rich markup: its own markup escaped, what a terminal would obey removed."""
+    return escape_markup(terminal_safe(text))
 
 
 def world_sizes(text: str) -> list[int]:
@@ -116,9 +132,21 @@ def world_sizes(text: str) -> list[int]:
 
 
 def existing_file(path: str, what: str) -> Path:
+    """A file the user named, opened as a candidate's artifact is (harness.common.hostile_files.check_given):
+    a regular file (never a FIFO, device or folder), opened without blocking, within GIVEN_LIMIT bytes."""
     p = Path(path)
     if not p.exists():
         raise CliError(f"{what} {path} does not exist")
-    if not p.is_file():
-        raise CliError(f"{what} {path} is not a file")
+    try:
+        check_given(p)
+    except HostileFile as err:
+        raise CliError(f"{what} {err}") from None
     return p
+
+
+def check_out_path(path: str) -> None:
+    """A bad --out said before the command's work (harness.common.atomic_write's rule)."""
+    try:
+        check_out(path)
+    except OSError as err:
+        raise CliError(f"cannot write {path}: {err.strerror or err}") from None

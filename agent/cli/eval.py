@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,9 +11,9 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from agent.cli import emulation, sandbox_gate
-from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.common import CliError, check_out_path, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
-from agent.rundir import write_text_atomic
+from agent.rundir import write_out_text
 from harness.common.flags import is_emulated, timing_note
 from harness.emulation import layout
 
@@ -45,6 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     # What the arguments alone show is said before anything heavy is imported.
     solution = existing_file(args.solution, "solution file")
+    if args.out:
+        check_out_path(args.out)
     if args.trials < 2:
         raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
     # Deferred: the harness imports torch; the parser and `pkb --help` do not need it.
@@ -87,9 +90,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluate(problem, solution, world_size=args.world_size, device=args.device, shape=shape, config=config)
     text = result.model_dump_json(indent=2)
     if args.out:
-        write_text_atomic(Path(args.out), text)
-    if args.json:
-        print(text)
+        try:
+            write_out_text(Path(args.out), text)
+        except OSError as err:
+            raise CliError(f"cannot write {args.out}: {err.strerror or err}") from None
+    if args.json:  # every character beyond ASCII as \uXXXX: nothing a terminal obeys (C1, U+202E) comes through
+        print(json.dumps(json.loads(text), indent=2, ensure_ascii=True))
     else:
         render(result, ranks_per_gpu=args.ranks_per_gpu)
     return 0 if result.correct else 1
@@ -105,7 +111,7 @@ def render(result: EvalResult, ranks_per_gpu: int = 1) -> None:
                                       f"phase {f.phase}" if f.phase else "") if x)
         console.print(plain(f"{f.message}" + (f"  ({where})" if where else "")))
         if f.evidence:
-            console.print(f.evidence, markup=False, highlight=False)
+            console.print(plain(f.evidence), highlight=False)
     if result.flags:
         console.print(plain(f"flags: {', '.join(result.flags)}"))
     emulated = layout.is_emulated(ranks_per_gpu) or is_emulated(result)

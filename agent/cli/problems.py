@@ -11,8 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.syntax import Syntax
 from rich.table import Table
 
-from agent.cli.common import console, escape, plain, world_sizes
+from agent.cli.common import CliError, console, escape, plain, world_sizes
 from agent.cli.options import add_source_argument
+from harness.common.hostile_files import HostileFile, read_given
 
 if TYPE_CHECKING:
     from harness.problems.problem import Problem
@@ -91,7 +92,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     for name in p.held_out:  # scored at the end only; listed for people, never shown to a model
         shapes.add_row(plain(f"held-out:{name}"), plain(", ".join(f"{k}={v}" for k, v in p.held_out[name].items())))
     console.print(shapes)
-    source = p.path.read_text()
+    try:  # a checkout's file is the user's to point at: a plain file, opened without blocking, bounded
+        source = read_given(p.path).decode(errors="replace")
+    except HostileFile as err:
+        raise CliError(str(err)) from None
     if console.is_terminal:  # word_wrap: a line longer than the terminal folds instead of being cut off at its edge
         console.print(Syntax(source, "python", line_numbers=False, word_wrap=True))
     else:  # a pipe or a file gets the file as it is (Syntax pads every line to the console's width)

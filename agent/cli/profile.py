@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.common import CliError, console, escape, existing_file, plain, terminal_safe
 from agent.cli.options import add_target_arguments
 from harness.measure import ncu as nsight  # the metric sets, for the options (the standard library only)
 from tools.summaries import ncu_lines, profile_text
@@ -72,12 +72,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         else:
             console.print(f"[red]{escape(err.verdict)}[/red]: {escape(str(err))}")
             if err.evidence and not args.text:
-                console.print(err.evidence, markup=False, highlight=False)
+                console.print(plain(err.evidence), highlight=False)
         return 1
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif args.text:
-        print(profile_text(report))
+        print(terminal_safe(profile_text(report)))  # kernel names are the candidate's
     else:
         render(report)
     return 0
@@ -107,11 +107,11 @@ def render(report: ProfileReport) -> None:
         for col in ("kernel", "kind", "µs", "launches"):
             kernels.add_column(col, justify="left" if col in ("kernel", "kind") else "right")
         for k in slow.kernels:
-            kernels.add_row(plain(k.name), k.kind, _us(k.us_per_iter), f"{k.launches_per_iter:g}")
+            kernels.add_row(plain(k.name), plain(k.kind), _us(k.us_per_iter), f"{k.launches_per_iter:g}")
         console.print(kernels)
     if report.ncu is not None:
         for line in ncu_lines(report.ncu):
-            console.print(line, markup=False, highlight=False)
+            console.print(plain(line), highlight=False)
     for note in report.notes:
         console.print(plain(f"note: {note}"))
     console.print(f"took {report.seconds:.1f} s")

@@ -4,12 +4,13 @@ candidate) comes to it."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from agent.cli.common import CliError, console, escape, existing_file, plain
+from agent.cli.common import CliError, console, escape, existing_file, plain, terminal_safe
 from agent.cli.options import add_target_arguments
 from tools.summaries import fmt_bytes, fmt_flops, fmt_time, roofline_text
 
@@ -63,9 +64,9 @@ def cmd_roofline(args: argparse.Namespace) -> int:
     except (RooflineError, PoolError) as err:
         raise CliError(f"roofline of {problem.name}: {str(err).splitlines()[0]}") from None
     if args.json:
-        print(r.model_dump_json(indent=2))
+        print(json.dumps(json.loads(r.model_dump_json()), indent=2))  # beyond ASCII as \uXXXX: nothing a terminal obeys
     elif args.text:
-        print(roofline_text(r))
+        print(terminal_safe(roofline_text(r)))
     else:
         if result is not None and not result.correct:
             console.print(f"[red]{escape(result.summary_line())}[/red] (the candidate has no fraction)")

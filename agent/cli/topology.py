@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from agent.cli.common import CliError, console, err_console, escape, plain
+from agent.rundir import write_out_text
 
 if TYPE_CHECKING:
     from harness.measure.calibration import Calibration
@@ -55,9 +56,10 @@ def cmd_topology(args: argparse.Namespace) -> int:
     else:
         profile = topology.Profile(hardware_key=key, topology=topo, calibration=_cached_calibration(key))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(profile.model_dump_json(indent=1))
+        try:
+            write_out_text(Path(args.out), profile.model_dump_json(indent=1))
+        except OSError as err:
+            raise CliError(f"cannot write {args.out}: {err.strerror or err}") from None
     ceilings = topology.ceilings(profile)
     if args.json:
         print(json.dumps({**profile.model_dump(mode="json"), "ceilings": ceilings}, indent=1))

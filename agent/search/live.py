@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from agent.rundir import write_text_atomic
 from agent.search.archive import Archive
@@ -34,6 +35,7 @@ from agent.search.summary import (
     timeline,
 )
 from harness.common.flags import timing_note
+from harness.common.terminal import terminal_safe
 
 REFRESH_S = 10  # the page's own refresh
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
@@ -66,14 +68,14 @@ TERMINAL = ("problem", "candidates", "correct", "best", "roofline", "status")
 
 def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table:
     caption = timing_note(config.device)
-    t = Table(title=f"search {directory.path.name} ({config.strategy.name}, {config.model})",
+    t = Table(title=Text(terminal_safe(f"search {directory.path.name} ({config.strategy.name}, {config.model})")),
               caption=caption)
     keep = [HEADERS.index(h) for h in TERMINAL]
     for i in keep:
         t.add_column(HEADERS[i], overflow="fold", no_wrap=HEADERS[i] == "problem")  # a name stays whole
     for row in problem_rows(archive, config.problems, config.rescore_seeds):
-        values = cells(row)
-        t.add_row(*(values[i] for i in keep))
+        values = cells(row)  # a stop reason can quote a model or a candidate: shown as text, never obeyed
+        t.add_row(*(Text(terminal_safe(values[i])) for i in keep))
     return t
 
 

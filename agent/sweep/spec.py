@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agent.conditions import AGENT_TOOLS, REPLAY, Condition, ConditionError, parse_condition, parse_tools
 from agent.model_spec import ProviderError, parse_model_spec
+from harness.common.hostile_files import HostileFile, Missing, read_given
 
 SWEEP_SCHEMA = "pkb-sweep/1"
 LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
@@ -321,10 +322,12 @@ def parse(text: str, path: Path) -> Sweep:
 
 def load(path: str | Path) -> Sweep:
     file = Path(path)
-    try:
-        text = file.read_text()
-    except FileNotFoundError:
+    try:  # a plain file, opened without blocking, bounded (a FIFO named here once made the sweep wait forever)
+        text = read_given(file).decode()
+    except Missing:
         raise SweepError(f"sweep file {file} does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except HostileFile as err:
+        raise SweepError(f"sweep file {err}") from None
+    except UnicodeDecodeError as err:
         raise SweepError(f"sweep file {file} cannot be read: {err}") from None
     return parse(text, file.resolve())

@@ -26,11 +26,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from harness.common.atomic_write import replace_atomically
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOCTTY = getattr(os, "O_NOCTTY", 0)
@@ -474,20 +475,55 @@ def read_json(path: Path, limit: int) -> Any:
 
 def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write `data` to a fresh random name beside `path`, then rename it over `path`: whatever stood at
-    `path` (a link, a FIFO) is replaced, never written through."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, _NEW_FLAGS, mode)
+    `path` (a link, a FIFO) is replaced, never written through (harness.common.atomic_write)."""
+    replace_atomically(path, data, mode)
+
+# -- a file a user named (a command-line path, a file of a folder given on the command line) ---------------
+GIVEN_LIMIT = 8 << 20  # bytes of a file the CLI is pointed at (a candidate's source, a sweep file)
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a special file")
+
+
+def _open_given(path: Path, limit: int, inside: Path | None) -> tuple[int, int]:
+    """(descriptor, size) of the regular file at `path`; HostileFile naming `path` otherwise. A link the user
+    made is followed, but where `inside` is given (the folder the user named) not to anything outside it."""
+    if inside is not None:
+        real, root = os.path.realpath(path), os.path.realpath(inside)
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise Planted(f"{path} is a link out of {inside}: refused")
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _O_NOCTTY | _O_CLOEXEC)  # a FIFO never blocks
+    except FileNotFoundError:
+        raise Missing(f"{path} does not exist") from None
+    except OSError as err:
+        raise Planted(f"{path} cannot be opened: {err.strerror or err}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Planted(f"{path} is {_kind(info.st_mode)}, not a plain file: refused")
+        if info.st_size > limit:
+            raise TooLarge(f"{path} holds {info.st_size} bytes, more than the {limit} allowed", info.st_size, limit)
     except BaseException:
         os.close(fd)
-        os.unlink(tmp)
         raise
-    os.close(fd)
+    return fd, info.st_size
+
+
+def read_given(path: Path, limit: int = GIVEN_LIMIT, *, inside: Path | None = None) -> bytes:
+    """The whole of a file a user named: a regular file (never a FIFO, device or folder), opened without
+    blocking, at most `limit` bytes; with `inside`, not through a link out of that folder. HostileFile, one
+    line naming the file, otherwise."""
+    fd, size = _open_given(path, limit, inside)
     try:
-        os.replace(tmp, path)
-    except OSError:
-        os.unlink(tmp)
-        raise
+        return _read_fd(fd, size)
+    finally:
+        os.close(fd)
+
+
+def check_given(path: Path, limit: int = GIVEN_LIMIT, *, inside: Path | None = None) -> None:
+    """read_given's checks without the read: for files read later by path (a replay set's solutions)."""
+    os.close(_open_given(path, limit, inside)[0])

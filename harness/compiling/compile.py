@@ -13,9 +13,10 @@ wait. A build that overruns its limit is stopped whole: the sandbox dies with ev
 Without a sandbox (harness.launch.sandbox falls back to "none", and says so) the build runs in a session of
 its own with the same allow-listed environment, into the same throwaway build folder.
 
-Fail closed: only a build the helper reported as a success (its result line, parsed strictly) with exit
-code 0 is a success, and only a success is cached; a helper that crashed, was killed, printed more than
-HELPER_OUTPUT_CAP or reported nothing is the candidate's compile_error (its code ran there). The build
+Fail closed: only a build the helper reported as a success (its result, on a channel of its own with a
+per-evaluation nonce that candidate code never holds, parsed strictly) with exit code 0 is a success, and
+only a success is cached; a helper that crashed, was killed, printed more than HELPER_OUTPUT_CAP or
+reported nothing is the candidate's compile_error (its code ran there). The build
 folder is candidate-written: it is copied into the cache file by file through harness.common.hostile_files (no
 link, no special file, within BUILD_BYTES_LIMIT). Paths handed to the helper are absolute.
 """
@@ -25,9 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -42,8 +45,16 @@ from harness.common import channel, failures
 from harness.common.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
 from harness.common.paths import REPO_ROOT
 from harness.compiling.builds import may_build
-from harness.compiling.precompile import BUILD_FAILED_STATUS, IMPORT_FAILED_STATUS, RESULT_MARKER, STATUS_EXIT
+from harness.compiling.precompile import (
+    BUILD_FAILED_STATUS,
+    IMPORT_FAILED_STATUS,
+    NONCE_BYTES,
+    RESULT_CAP,
+    RESULT_MARKER,
+    STATUS_EXIT,
+)
 from harness.compiling.slots import BuildSlots
+from harness.compiling.source_text import SourceEncodingError, source_text
 from harness.launch.pool import worker_env
 from harness.launch.priority import niced, set_session_niceness
 from harness.launch.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable, clean_environment, probe
@@ -58,6 +69,7 @@ from harness.records.cache_dir import cache_root
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
 HELPER_OUTPUT_CAP = 64 << 20  # bytes a build helper (candidate code included) may print
+REPORT_CAP = RESULT_CAP + 256  # the helper's report: its child's result, the marker and the nonce
 HELPER_OUTPUT_KEPT = 256 << 10  # of which the tail is kept: the compiler's errors and the helper's result
 BUILD_BYTES_LIMIT = 4 << 30  # bytes of one build folder the cache takes (a CUDA extension is tens of MB)
 BUILD_FILES_LIMIT = 20000
@@ -173,15 +185,24 @@ def read_bounded(proc: subprocess.Popen[bytes], timeout: float, cap: int | None 
     return HelperOutput(bytes(tail), total)
 
 
-def parse_report(text: str) -> dict[str, Any] | None:
-    """harness.compiling.precompile's result: its last non-empty line, `RESULT_MARKER` and a JSON object with a known
-    status and a list of builds, parsed strictly. None for anything else (the helper crashed, was killed,
-    or something printed after it)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or not lines[-1].startswith(RESULT_MARKER):
-        return None
+def parse_report(text: str, nonce: str | None = None) -> dict[str, Any] | None:
+    """harness.compiling.precompile's result, parsed strictly: `RESULT_MARKER`, then (from the private channel,
+    `nonce` given) the nonce and a space, then a JSON object with a known status and a list of builds. With
+    `nonce`, `text` is the whole channel and must be that one line; without (the helper run by hand), the
+    last non-empty line of its output. None for anything else (the helper crashed, was killed, the nonce is
+    wrong, something came after it)."""
+    if nonce is not None:
+        prefix = f"{RESULT_MARKER}{nonce} "
+        if not text.endswith("\n") or text.count("\n") != 1 or not text.startswith(prefix):
+            return None
+        payload = text[len(prefix):-1]
+    else:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines or not lines[-1].startswith(RESULT_MARKER):
+            return None
+        payload = lines[-1][len(RESULT_MARKER):]
     try:
-        report = strict_json(lines[-1][len(RESULT_MARKER):], "the build helper's result")
+        report = strict_json(payload, "the build helper's result")
     except HostileFile:
         return None
     if not isinstance(report, dict) or report.get("status") not in STATUS_EXIT:
@@ -190,6 +211,24 @@ def parse_report(text: str) -> dict[str, Any] | None:
     if not isinstance(builds, list) or not all(isinstance(b, dict) for b in builds):
         return None
     return report
+
+
+def read_channel(sock: socket.socket, cap: int = REPORT_CAP) -> str:
+    """What the helper wrote on its report channel, read once it has exited: without waiting (a process
+    still holding the other end cannot stall the harness), at most `cap` bytes (more is nothing)."""
+    sock.setblocking(False)
+    data = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            break
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > cap:
+            return ""
+    return data.decode("utf-8", errors="replace")
 
 
 def _helper_ended(code: int | None) -> str:
@@ -208,7 +247,10 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     too much or reported nothing is the candidate's compile_error (its code ran in that process)."""
     path = Path(path).resolve()  # the helper runs in the checkout: a relative path would name another file
     raw = path.read_bytes()
-    source = raw.decode(errors="replace")
+    try:
+        source = source_text(raw)  # what Python runs: a declared encoding other than UTF-8 is refused
+    except SourceEncodingError as err:
+        return CompileOutcome(False, 0.0, failures.COMPILE_ERROR, str(err))
     outcome = check_syntax(source, str(path))
     if not outcome.ok or not may_build(source):
         return outcome
@@ -257,13 +299,18 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
     folder = private_folder("pkb-build-")
     cgroup: MemoryCgroup | None = None
     watch: SandboxWatch | None = None
+    ours: socket.socket | None = None
     try:
         code = stage_file(raw, path.name, folder / "code")
         scratch, build = folder / "scratch", folder / "ext"
         for made in (scratch, scratch / "tmp", scratch / "home", scratch / "cache", build):
             made.mkdir(mode=0o700)
-        command = [sys.executable, "-m", "harness.compiling.precompile", str(code),
-                   *(["--problem", problem] if problem else [])]
+        # The helper's report comes on a channel of its own, with a nonce: its stdout is the candidate's log.
+        ours, theirs = socket.socketpair()
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        ours.sendall(nonce)
+        command = [sys.executable, "-m", "harness.compiling.precompile", str(code), "--report-fd",
+                   str(theirs.fileno()), *(["--problem", problem] if problem else [])]
         limits = limits or SandboxLimits.for_ranks(1)
         if sandbox.backend == "bwrap":
             if sandbox.host_uid_switch:
@@ -280,8 +327,12 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)}), scratch)
         command = niced(command, BUILD_NICENESS)
         with Folder.open(build) as build_files:  # held from before the helper runs: no link it plants is followed
-            proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL)
+            try:
+                proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, start_new_session=True, stdin=subprocess.DEVNULL,
+                                        pass_fds=(theirs.fileno(),))
+            finally:
+                theirs.close()
             set_session_niceness(proc.pid, BUILD_NICENESS)  # its session exists: Popen returns after the exec
             if sandbox.backend == "bwrap":
                 watch = SandboxWatch(limits, proc.pid, [scratch, build], kill=lambda: _kill_group(proc.pid),
@@ -313,7 +364,7 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
                 if over:  # its import went over a limit of the sandbox: the candidate's failure
                     return CompileOutcome(False, seconds, failures.RUNTIME_ERROR, over, trim_compiler_output(text),
                                           native=True)
-            report = parse_report(text)
+            report = parse_report(read_channel(ours), nonce.hex())
             if report is None or proc.returncode != STATUS_EXIT[report["status"]]:
                 said = "without reporting a result" if report is None else f"reporting {report['status']!r}"
                 return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
@@ -335,6 +386,8 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
                 return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
                                       f"the build's output was refused: {err}", native=True, builds=builds)
     finally:
+        if ours is not None:
+            ours.close()
         if watch is not None:
             watch.stop()
         if cgroup is not None:

@@ -26,8 +26,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from harness.common.hostile_files import HostileFile, read_given
 from harness.common.paths import REPO_ROOT
 from harness.compiling.ast_names import dotted_name
+from harness.compiling.source_text import SourceEncodingError, source_text
 
 CUDA = "CUDA"
 # Packages whose code runs only on a GPU; missing or not, they need CUDA on a CPU run.
@@ -271,8 +273,8 @@ def file_needs(path: Path, local_roots: tuple[Path, ...] = (), *, depth: int = 2
     from the names imported: a solution that imports the checkout's utils.triton_utils needs Triton as much
     as one that imports it itself."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        text = source_text(read_given(path))  # as Python reads it (any other encoding: compile refuses it)
+    except (OSError, HostileFile, SourceEncodingError):
         return []
     scanned = _scan_text(text, entries)
     if scanned is None:

@@ -28,10 +28,13 @@ def _dotted(node: ast.AST) -> str:
     return dotted_name(node) or ""
 
 
-def static_scan(source: str) -> list[dict[str, Any]]:
+def static_scan(source: str | bytes) -> list[dict[str, Any]]:
     """Suspicious constructs in a candidate's source, as {"flag", "line", "what"}. Flags, not verdicts:
     a determined candidate hides any of these from an AST (exec, getattr with built strings), and the
-    runtime checks are what decide. An unparsable file yields nothing (compile reports it)."""
+    runtime checks are what decide. An unparsable file yields nothing (compile reports it). Given bytes (the
+    file as it is), the parser decodes them as import does, a PEP 263 declaration included; the compile
+    stage refuses any declaration but UTF-8 (harness.compiling.source_text), so text decoded as UTF-8
+    reads the same."""
     try:
         with _PARSE:
             tree = ast.parse(source)

@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from harness.common.hostile_files import HostileFile, read_given
 from harness.problems.parallelkernelbench.checkout import CheckoutError, list_problems, problem_id
 from harness.problems.problem import Problem
 
@@ -87,10 +88,10 @@ class Match:
 def solution_signature(path: Path) -> Signature | str:
     """The signature of the top-level `def solution` of a file, read with ast; a reason string when
     there is none to read (syntax error, empty file, `solution` not a plain function)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as err:
-        return f"cannot read the file ({err.strerror})"
+    try:  # a plain file of its folder, opened without blocking, bounded (never a FIFO or a link out)
+        text = read_given(path, inside=path.parent).decode(errors="replace")
+    except HostileFile as err:
+        return f"refused: {err}"
     if not text.strip():
         return "the file is empty"
     try:

@@ -78,16 +78,29 @@ def test_a_crashing_helper_is_a_compile_error_and_nothing_is_cached(tmp_path):
         assert cached_builds(entry_for(path.read_bytes(), None)) is None
 
 
-def test_a_forged_result_contradicted_by_the_exit_code_is_a_compile_error(tmp_path):
+def test_a_result_line_on_stdout_is_only_the_candidates_log(tmp_path):
+    """The helper reports on a private channel with a nonce (was: its last stdout line, which the candidate
+    could print). A forged line and an early exit is a helper that reported nothing; a line printed after the
+    helper's own report changes nothing."""
     forged = _write(tmp_path, "forged.py", MARKER + "import os\n"
-                    f"print({RESULT_MARKER!r} + '{{\"status\": \"ok\", \"builds\": []}}', flush=True)\nos._exit(3)\n"
+                    f"print({RESULT_MARKER!r} + '{{\"status\": \"ok\", \"builds\": []}}', flush=True)\nos._exit(0)\n"
                     "def solution(x):\n    return x\n")
     outcome = compile_candidate(forged, 300.0, "cpu")
-    assert not outcome.ok and "reporting 'ok'" in outcome.message
+    assert not outcome.ok and "exited with code 0 without reporting a result" in outcome.message
+    assert cached_builds(entry_for(forged.read_bytes(), None)) is None
     late = _write(tmp_path, "late.py", MARKER + "import atexit\natexit.register(print, 'after the result')\n"
                                                 "def solution(x):\n    return x\n")
     outcome = compile_candidate(late, 300.0, "cpu")
-    assert not outcome.ok and "without reporting a result" in outcome.message
+    assert outcome.ok, outcome
+
+
+def test_the_channel_report_needs_the_nonce_and_is_one_line():
+    good = RESULT_MARKER + "ab12 " + '{"status": "ok", "builds": [], "import": "ok"}'
+    report = parse_report(good + "\n", "ab12")
+    assert report is not None and report["status"] == "ok"
+    for text in (good, good + "\n\n", "log\n" + good + "\n", good + "\n" + good + "\n",
+                 good.replace("ab12", "ab13") + "\n", good.replace("ab12 ", "") + "\n"):
+        assert parse_report(text, "ab12") is None, text
 
 
 def test_only_a_success_is_cached(tmp_path):
