@@ -73,6 +73,7 @@ from agent.rundir import (
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
+from agent.stop_reasons import checked
 from agent.tool_calls import tool_context
 from agent.usage import PriceTable
 from agent.versions import versions
@@ -377,7 +378,7 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "sample": spec.k,
         "model": model,
         "status": status,
-        "stop_reason": state.get("stop_reason"),
+        "stop_reason": checked(state.get("stop_reason")),
         **judgement(state),
         "usage": {"input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
                   "cache_read_tokens": spent.cache_read_tokens, "cache_write_tokens": spent.cache_write_tokens,
