@@ -17,7 +17,7 @@ from rich.table import Table
 
 from agent import interrupts
 from agent.cli import emulation
-from agent.cli.common import CliError, console, err_console, escape, leave, plain
+from agent.cli.common import CliError, console, err_console, escape, leave, plain, terminal_safe
 from agent.cli.options import executor_from_args
 from agent.cli.run_config import check_resume_args, config_from_args, default_run_id
 from agent.cli.source import check_shape, resolve_source, select_in
@@ -208,9 +208,9 @@ def _account_for_replay(replay: ReplaySet, run_dir: RunDir) -> None:
         print(f"pkb: {len(unmatched)} of {len(replay.matches)} file(s) in {replay.directory} match no problem "
               "and are not scored:", file=sys.stderr)
         for m in unmatched:
-            print(f"  {m.line()}", file=sys.stderr)
+            print(f"  {terminal_safe(m.line())}", file=sys.stderr)
     for m in odd:
-        print(f"pkb: note: {m.line()}; {m.signature}", file=sys.stderr)
+        print(terminal_safe(f"pkb: note: {m.line()}; {m.signature}"), file=sys.stderr)
     print(f"pkb: how each file was matched: {run_dir.replay_matches}", file=sys.stderr)
 
 
