@@ -205,7 +205,7 @@ class Parser(argparse.ArgumentParser):
         invalid = INVALID_CHOICE.search(message)
         if invalid:
             message += _suggest(invalid["word"], re.findall(r"'([^']*)'", invalid["choices"]))
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog.split()[0]}: error: {message}\n")  # "pkb: error: ...", as every usage error
 
 
 # Each finds its stream (sys.stdout, sys.stderr) when it prints: output goes where the stream is now.
