@@ -92,14 +92,14 @@ class Range:
     why: str = ""
 
     def check(self, value: float) -> str | None:
-        """None where `value` is in range, else what to say ("must be at least 2 (got 1): ...")."""
+        """None where `value` is in range, else what to say ("must be at least 2, got 1 (why)")."""
         low_ok = value > self.minimum or (value == self.minimum and not self.above)
         if low_ok and (self.maximum is None or value <= self.maximum):
             return None
         bound = f"above {self.minimum:g}" if self.above else f"at least {self.minimum:g}"
         if self.maximum is not None:
             bound += f" and at most {self.maximum:g}"
-        return f"must be {bound} (got {value:g})" + (f": {self.why}" if self.why else "")
+        return f"must be {bound}, got {value:g}" + (f" ({self.why})" if self.why else "")
 
 
 COUNT = Range(1)
@@ -171,6 +171,7 @@ def _unrecognized(extras: Sequence[str], parser: argparse.ArgumentParser) -> str
             f"({parser.prog} --help lists its options)")
 
 
+RANGE_MESSAGE = re.compile(r"^(--[\w-]+): (must be )")
 INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)$")
 
 
@@ -201,7 +202,7 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str) -> NoReturn:
-        message = message.removeprefix("argument ")
+        message = RANGE_MESSAGE.sub(r"\1 \2", message.removeprefix("argument "))  # "--k must be at least 1, ..."
         invalid = INVALID_CHOICE.search(message)
         if invalid:
             message += _suggest(invalid["word"], re.findall(r"'([^']*)'", invalid["choices"]))

@@ -27,10 +27,10 @@ def one_line(capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.parametrize(("argv", "words"), [
     (["report", "missing-dir"], ["missing-dir", "no such directory"]),
     (["run", "--modle", "x"], ["--modle", "did you mean --model?"]),
-    (["eval", "--trials", "1"], ["--trials", "at least 2", "got 1"]),
-    (["run", "--model", "scripted:x", "--trials", "1"], ["--trials", "at least 2", "got 1"]),
-    (["run", "--model", "scripted:x", "--samples", "0"], ["--samples", "at least 1", "got 0"]),
-    (["run", "--model", "scripted:x", "--budget-cost", "-1"], ["--budget-cost", "at least 0", "no limit"]),
+    (["eval", "--trials", "1"], ["--trials must be at least 2, got 1", "stale answer"]),
+    (["run", "--model", "scripted:x", "--trials", "1"], ["--trials must be at least 2, got 1"]),
+    (["run", "--model", "scripted:x", "--samples", "0"], ["--samples must be at least 1, got 0"]),
+    (["run", "--model", "scripted:x", "--budget-cost", "-1"], ["--budget-cost must be at least 0", "no limit"]),
     (["run", "--model", "scripted:x", "--context-share", "2"], ["--context-share", "at most 1"]),
     (["eval", "--problem", "all_reduce", "--solution", GOOD, "--check-timeout", "0"], ["--check-timeout", "above 0"]),
     (["problems", "validate", "--trials", "0"], ["--trials", "at least 1"]),  # its own range: one draw is a check
@@ -57,9 +57,9 @@ def test_an_empty_solution_file_is_a_usage_error_of_solution(tmp_path: Path, cap
 
 
 def test_the_range_of_an_option_reads_plainly():
-    assert Range(2, why="w").check(1) == "must be at least 2 (got 1): w"
-    assert Range(0, above=True).check(0) == "must be above 0 (got 0)"
-    assert Range(0, above=True, maximum=1).check(1.5) == "must be above 0 and at most 1 (got 1.5)"
+    assert Range(2, why="w").check(1) == "must be at least 2, got 1 (w)"
+    assert Range(0, above=True).check(0) == "must be above 0, got 0"
+    assert Range(0, above=True, maximum=1).check(1.5) == "must be above 0 and at most 1, got 1.5"
     assert Range(1).check(1) is None and RANGES["--trials"].check(2) is None
 
 
