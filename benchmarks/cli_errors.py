@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-GOOD = str(REPO / "tests" / "candidates" / "correct_shared_memory.py")
+GOOD = "tests/candidates/correct_shared_memory.py"  # relative: the commands run in the checkout
 
 
 def cases(empty: Path) -> list[tuple[str, list[str]]]:

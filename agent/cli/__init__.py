@@ -74,14 +74,19 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """`pkb`'s parser: with `argv` that names a command first, that command's alone (the common case: its
-    module's imports are all a mistake in its arguments waits for); else every command's (`pkb --help`, a
-    mistyped command: the list to choose from)."""
+    module's imports are all a mistake in its arguments waits for); with `argv` that names none (nothing, or a
+    mistyped command), the commands' names alone, which is all its error says; else (`--help`, no `argv`)
+    every command's."""
     parser = Parser(
         prog="pkb",
         description="pkb-agent: language models writing multi-GPU kernels, scored by a strict harness.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     named = argv[0] if argv else None
+    if argv is not None and named not in COMMANDS and not {"-h", "--help"} & set(argv):
+        for name in COMMANDS:  # no command, or a mistyped one: the names are all its error needs
+            sub.add_parser(name)
+        return parser
     modules = (command_module(named),) if named in COMMANDS else all_command_modules()
     for module in modules:
         module.register(sub)
