@@ -7,7 +7,7 @@ emptied once for every exclusive request waiting, not refilled between two of th
 request waits for a group to empty, shared requests are held back, with one exception: a group where a lease
 has already been held for `long_hold_s` takes shared requests beside it. Such a group does not empty soon
 whatever waits, and holding its other places idle cost the most in the shared replay on one H200
-(2026-12-02, docs/pkb.md): one evaluation building its extension inside the call (89 s) or judging a
+(2026-12-02, docs/measurements/pkb-runs.md): one evaluation building its extension inside the call (89 s) or judging a
 75-million-element output (132 s), or one deadlock running out its 120 s check, held the GPU alone while
 eleven samples waited, and the samples waiting for a lease spent as many slot-seconds there as in building.
 """

@@ -1,9 +1,10 @@
 """What produced a run, in one record: run.json's (and search.json's) "manifest", and how two are compared.
 
     {"schema": "pkb-manifest/1",
-     "code": {"commit": "4076da7...", "dirty": false, "diff_sha256": null, "version": "0.1.0"},
+     "code": {"commit": "4076da7...", "dirty": true, "diff_sha256": "...", "version": "0.1.0",
+              "changed": {"agent/runner.py": "<sha256 of its content>", "tools/old.py": null}},
      "problem_source": {"kind": "suite"} | {"kind": "pkb", "path": "/abs/checkout", "commit": "...", "dirty": false,
-                                   "diff_sha256": null, "tree_sha256": "..."},
+                                   "diff_sha256": null, "changed": {}, "tree_sha256": "..."},
      "problem_sha256": {"all_reduce": "<sha256 of its source>", ...},
      "prompts_sha256": "<sha256 over prompts.hashes()>",
      "model": {"model": "openai:gpt-5.5", "temperature": null, "reasoning_effort": "high", ...},
@@ -13,10 +14,13 @@
      "hardware": {"fingerprint": "<harness.records.environment.hardware_key>", "gpus": [...], "gpu_count": 1,
                   "cpu_count": 16, "platform": "..."}}
 
-`code.dirty` says whether the project's working tree differed from its commit when the run was created;
-`diff_sha256` hashes `git status` and `git diff HEAD` then, so two dirty trees with different edits are told
-apart (the content of untracked files is not hashed, only their names). Outside a git checkout (an installed
-package) commit and dirty are null and `version` is what identifies the code.
+`code.changed` maps each file of the project that differs from its commit to the sha256 of its content then
+(null: deleted): the tracked files git sees changed, and untracked files inside the project's source folders
+(SOURCE_FOLDERS: new code). Nothing else counts: an untracked file elsewhere (a folder of solutions, a report
+written beside the checkout) and every ignored file (runs/, caches) never change it. `code.dirty` says whether
+anything changed; `diff_sha256` hashes `changed`, so two trees with different edits are told apart and two with
+the same edits agree. `code_differences(a, b)` names the files in which two runs' code differs. Outside a git
+checkout (an installed package) commit and dirty are null and `version` is what identifies the code.
 
 `comparable(header)` flattens a run header into the keys a comparison must hold equal ("code.commit",
 "model.temperature", "budgets", "hardware.fingerprint", ...); a run written before manifests existed has
@@ -29,8 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,8 @@ from typing import Any
 MANIFEST_SCHEMA = "pkb-manifest/1"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 GIT_TIMEOUT_S = 20.0
+# The project's source folders: an untracked file inside one is new code and changes the code's hash.
+SOURCE_FOLDERS = ("agent", "harness", "tools", "problems", "prompts")
 
 # The run config's keys that make up "the model": a comparison of two models may differ in all of them.
 MODEL_KEYS = ("model", "temperature", "max_reply_tokens", "reasoning_effort", "thinking_budget", "base_url",
@@ -60,22 +67,48 @@ def _git(path: Path, *args: str) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def git_state(path: Path) -> dict[str, Any]:
-    """The commit checked out at `path` (the top of its work tree), whether the tree differs from it, and a hash of
-    the difference; nulls where `path` is not the top of a git work tree or git is missing."""
+def _content_sha256(path: Path) -> str | None:
+    """The sha256 of a changed file as it is now (a link: of its target's name); None where it is gone."""
+    digest = hashlib.sha256()
+    try:
+        if path.is_symlink():
+            digest.update(b"link:" + os.fsencode(os.readlink(path)))
+        else:
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # unreadable: recorded as such, so it never matches a readable file
+        return f"unreadable: {err.strerror or err}"
+    return digest.hexdigest()
+
+
+def _names(raw: bytes) -> list[str]:
+    return [os.fsdecode(name) for name in raw.split(b"\0") if name]
+
+
+def git_state(path: Path, untracked_in: Sequence[str] | None = None) -> dict[str, Any]:
+    """The commit checked out at `path` (the top of its work tree), the files that differ from it with their
+    content's hash (module doc), whether there are any, and one hash over them; nulls where `path` is not the top
+    of a git work tree or git is missing. Untracked files count only inside `untracked_in` (folders of the tree;
+    None: anywhere); ignored files never."""
     top = _git(path, "rev-parse", "--show-toplevel")
     if top is None or Path(top.decode().strip()).resolve() != path.resolve():
-        return {"commit": None, "dirty": None, "diff_sha256": None}
+        return {"commit": None, "dirty": None, "diff_sha256": None, "changed": None}
     commit = _git(path, "rev-parse", "HEAD")
-    status = _git(path, "status", "--porcelain=v1", "-z", "--untracked-files=all")
-    if commit is None or status is None:
-        return {"commit": None, "dirty": None, "diff_sha256": None}
-    dirty = bool(status)
-    digest = None
-    if dirty:
-        diff = _git(path, "diff", "HEAD", "--binary") or b""
-        digest = hashlib.sha256(status + b"\0" + diff).hexdigest()
-    return {"commit": commit.decode().strip(), "dirty": dirty, "diff_sha256": digest}
+    tracked = _git(path, "diff", "HEAD", "--name-only", "--no-renames", "-z")
+    if untracked_in is None:
+        untracked = _git(path, "ls-files", "--others", "--exclude-standard", "-z")
+    elif untracked_in:
+        untracked = _git(path, "ls-files", "--others", "--exclude-standard", "-z", "--", *untracked_in)
+    else:
+        untracked = b""
+    if commit is None or tracked is None or untracked is None:
+        return {"commit": None, "dirty": None, "diff_sha256": None, "changed": None}
+    changed = {name: _content_sha256(path / name) for name in sorted(set(_names(tracked) + _names(untracked)))}
+    digest = hashlib.sha256(json.dumps(changed, sort_keys=True).encode()).hexdigest() if changed else None
+    return {"commit": commit.decode().strip(), "dirty": bool(changed), "diff_sha256": digest, "changed": changed}
 
 
 @lru_cache(maxsize=1)
@@ -83,7 +116,7 @@ def code_state() -> dict[str, Any]:
     """This project's code: its git state (once per process: the code a process runs is what it loaded) and version."""
     from agent.versions import versions  # light, but only needed here
 
-    return {**git_state(PROJECT_ROOT), "version": versions().get("pkb_agent")}
+    return {**git_state(PROJECT_ROOT, SOURCE_FOLDERS), "version": versions().get("pkb_agent")}
 
 
 def source_record(source: str | None, problem_hashes: Mapping[str, str]) -> dict[str, Any]:
@@ -174,3 +207,51 @@ def common(views: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str
     keys = sorted({k for v in views for k in v})
     differ = [k for k in keys if any(not _same(views[0].get(k), v.get(k)) for v in views[1:])]
     return {k: views[0].get(k) for k in keys}, differ
+
+
+# -- which files differ -------------------------------------------------------------------------------
+UNCHANGED = "unchanged"  # a file as its commit has it, in code_differences
+
+
+def _code(header: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (header.get("manifest") or {}).get("code") or {}
+
+
+def _commit_diff(a: str, b: str) -> set[str] | None:
+    """Files that differ between two commits of this project's repository; None where either is unknown here."""
+    raw = _git(PROJECT_ROOT, "diff", "--name-only", "--no-renames", "-z", a, b)
+    return None if raw is None else set(_names(raw))
+
+
+def code_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str] | None:
+    """The files in which two runs' code differs (run headers, each with a manifest), sorted; None where the
+    manifests cannot tell (no commit, no per-file record: runs written before it existed, or commits this
+    checkout does not have). A file changed in one tree only counts as differing even where the edit matches the
+    other commit's version."""
+    code_a, code_b = _code(a), _code(b)
+    changed_a, changed_b = code_a.get("changed"), code_b.get("changed")
+    commit_a, commit_b = code_a.get("commit"), code_b.get("commit")
+    if not isinstance(changed_a, dict) or not isinstance(changed_b, dict) or not commit_a or not commit_b:
+        return None
+    between = set() if commit_a == commit_b else _commit_diff(str(commit_a), str(commit_b))
+    if between is None:
+        return None
+    differ = {name for name in set(changed_a) | set(changed_b)
+              if changed_a.get(name, UNCHANGED) != changed_b.get(name, UNCHANGED)}
+    differ |= {name for name in between if name not in changed_a or name not in changed_b}
+    return sorted(differ)
+
+
+def code_note(a: Mapping[str, Any], b: Mapping[str, Any], keys: Sequence[str], shown: int = 6) -> str:
+    """Where `keys` (differing comparable keys) include the code's: which files differ, as a clause for a message
+    ("; the code differs in agent/x.py, notes.md"); "" where the code agrees."""
+    if not any(key.startswith("code.") for key in keys):
+        return ""
+    files = code_differences(a, b)
+    if files is None:
+        return "; which files of the code differ is not recorded (a run written before per-file hashes, or " \
+               "a commit this checkout lacks)"
+    if not files:
+        return "; the code differs in no file (only in how its state was recorded)"
+    more = f" and {len(files) - shown} more" if len(files) > shown else ""
+    return f"; the code differs in {', '.join(files[:shown])}{more}"

@@ -1,7 +1,7 @@
 """A PKB recorded set replayed on one GPU with emulated W = 2 (issue 30), in one command with a wall budget:
 `pkb run --model replay:SET --source pkb:CHECKOUT --device cuda --world-size 2 --ranks-per-gpu 2 --no-timing
 --trials 3 --concurrency C`, stopped at the budget, then a table of verdicts per file beside the
-2026-12-01 figures (docs/pkb.md), and where every infra_error comes from.
+2026-12-01 figures (docs/measurements/pkb-runs.md), and where every infra_error comes from.
 
     python benchmarks/gpu_pkb_replay.py --checkout .pkb/first \\
         --set .pkb/first/solutions_cuda_bf16_h100_8_openai_gpt-5.5 --out $OUT --concurrency 12 --budget-s 510
@@ -35,7 +35,8 @@ SEGMENTS = "replay-segments.json"
 # The checkout first; what the caller's path held after it (a GPU machine's carried wheels, say).
 REPO_FIRST = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
-# 2026-12-01, one H200, the same command at --concurrency 8..14 in three batches (issue 30, docs/pkb.md).
+# 2026-12-01, one H200, the same command at --concurrency 8..14 in three batches (issue 30,
+# docs/measurements/pkb-runs.md).
 BEFORE: dict[str, Any] = {"finished": "74 of 79 (5 unfinished after 16 more minutes; 4 not started)",
           "verdicts": {"correct": 23, "output_mismatch": 12, "runtime_error": 10, "compile_error": 5,
                        "shape_mismatch": 1, "deadlock": 1, "infra_error": 22},

@@ -11,7 +11,7 @@ rank even at the small shape, which would otherwise take a shared CPU machine do
 run here gets its reason: the environment (harness.compiling.requirements.environment_issue, the reason the lead's
 evaluate() reports as infra_error once wired), or the verdict and the first line of the failure.
 
-Writes a Markdown table (problem, verdict, seconds, reason) and JSON; results go in docs/pkb.md.
+Writes a Markdown table (problem, verdict, seconds, reason) and JSON; results go in docs/measurements/pkb-runs.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Summarize replays of PKB solution sets (`pkb run --model replay:SET --source pkb:CHECKOUT`) for docs/pkb.md.
+"""Summarize replays of PKB solution sets (`pkb run --model replay:SET --source pkb:CHECKOUT`) for
+docs/measurements/pkb-runs.md.
 
     python benchmarks/pkb_replay_summary.py RUN_DIR [RUN_DIR ...]
 

@@ -36,7 +36,22 @@ USER_ERRORS = (("agent.providers", "ProviderError"), ("agent.usage", "PriceTable
 # What works where the model stack is not installed (a GPU node often has torch and the harness's needs only).
 HARNESS_ONLY = "problems, eval, topology, roofline and profile"
 
-COMMAND_MODULES: tuple[ModuleType, ...] = tuple(importlib.import_module(f"agent.cli.{name}") for name in COMMANDS)
+
+
+def command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"agent.cli.{name}")
+
+
+def all_command_modules() -> tuple[ModuleType, ...]:
+    return tuple(command_module(command) for command in COMMANDS)
+
+
+def __getattr__(name: str) -> object:
+    """`COMMAND_MODULES`: every command's module, imported when first asked for (`pkb run ...` imports run's
+    alone: the others' imports would only slow its answer)."""
+    if name == "COMMAND_MODULES":
+        return all_command_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_ours(error: ModuleNotFoundError) -> bool:
@@ -57,19 +72,33 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """`pkb`'s parser: with `argv` that names a command first, that command's alone (the common case: its
+    module's imports are all a mistake in its arguments waits for); with `argv` that names none (nothing, or a
+    mistyped command), the commands' names alone, which is all its error says; else (`--help`, no `argv`)
+    every command's."""
     parser = Parser(
         prog="pkb",
         description="pkb-agent: language models writing multi-GPU kernels, scored by a strict harness.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in COMMAND_MODULES:
+    named = argv[0] if argv else None
+    if argv is not None and named not in COMMANDS and not {"-h", "--help"} & set(argv):
+        for name in COMMANDS:  # no command, or a mistyped one: the names are all its error needs
+            sub.add_parser(name)
+        return parser
+    modules = (command_module(named),) if named in COMMANDS else all_command_modules()
+    for module in modules:
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except SystemExit as done:  # --help (0), or a mistake the parser said in one line (2): an exit code like any
+        return done.code if isinstance(done.code, int) else 2
     try:
         return int(args.handler(args) or 0)
     except ModuleNotFoundError as err:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 from agent.cli.common import CliError
-from harness.config import EvalConfig
 from harness.emulation import layout
 
 HELP = ("ranks sharing each GPU (with --device cuda; default 1): W > GPUs runs on fewer GPUs with symmetric memory "
@@ -35,6 +34,8 @@ def check(device: str, world_size: int, ranks_per_gpu: int, visible_gpus: int | 
         return
     if device != "cuda":
         raise CliError("--ranks-per-gpu needs --device cuda (on CPU every rank is a process already)")
+    from harness.config import EvalConfig  # pydantic: only where emulation is asked for, not while parsing
+
     if "ranks_per_gpu" not in EvalConfig.model_fields:
         raise CliError("--ranks-per-gpu: this harness has no emulated mode (EvalConfig.ranks_per_gpu) yet")
     if visible_gpus is not None and visible_gpus < layout.gpus_needed(world_size, ranks_per_gpu):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from agent.cli import emulation, sandbox_gate
-from agent.cli.common import CliError, check_out_path, console, escape, existing_file, plain
+from agent.cli.common import CliError, candidate_file, check_out_path, console, escape, existing_file, plain
 from agent.cli.options import add_source_argument
 from agent.rundir import write_out_text
 from harness.common.flags import is_emulated, timing_note
@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="evaluate a candidate solution file on one problem")
     p.add_argument("--problem", required=True, help="problem name, or PKB id with --source pkb:PATH (required)")
     add_source_argument(p)
-    p.add_argument("--solution", required=True, help="candidate file defining solution(*inputs) (required)")
+    p.add_argument("--solution", required=True, type=candidate_file,
+                   help="candidate file defining solution(*inputs) (required)")
     p.add_argument("--world-size", type=int, default=2, help="ranks (processes; on cuda one GPU each)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (gloo: proves the plumbing) or cuda (timings that mean something)")
@@ -45,11 +46,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     # What the arguments alone show is said before anything heavy is imported.
+    # (--solution and the numeric options were checked as they were parsed: agent.cli.common.Parser)
     solution = existing_file(args.solution, "solution file")
     if args.out:
         check_out_path(args.out)
-    if args.trials < 2:
-        raise CliError("--trials must be at least 2 (a stale answer only shows on the second call)")
     # Deferred: the harness imports torch; the parser and `pkb --help` do not need it.
     import torch
 

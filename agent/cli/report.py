@@ -79,6 +79,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(f"--k must be at least 1, got {args.k}")
     if args.out and Path(args.out).is_dir():
         raise CliError(f"--out {args.out} is a directory; give a file name")
+    for path in args.runs:  # before the report's imports (the search's pull in the model stack)
+        if not Path(path).is_dir():
+            raise CliError(f"{path}: no such directory" if not Path(path).exists() else f"{path}: not a directory")
     from agent.search import report as search_report  # the search's own run layout
 
     if any(search_report.is_search(Path(p)) for p in args.runs):  # `pkb search` runs: their own report

@@ -153,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m agent.cli.run ...` is `pkb run ...`."""
     parser = Parser(prog="pkb run", description="Run samples of a model on problems.")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, or a usage error said in one line (agent.cli.common.Parser)
+        return done.code if isinstance(done.code, int) else 2
     try:
         return cmd_run(args)
     except CliError as err:

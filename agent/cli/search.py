@@ -399,7 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m agent.cli.search ...` is `pkb search ...` (without loading the other commands)."""
     parser = Parser(prog="pkb search", description="Search for the best kernel of each problem.")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, or a usage error said in one line (agent.cli.common.Parser)
+        return done.code if isinstance(done.code, int) else 2
     try:
         return cmd_search(args)
     except CliError as err:

@@ -195,8 +195,10 @@ def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int, *, base
         differ = confounders(base, arm, factor)
         if differ and not force:
             shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+            files = manifest.code_note(base.run.header(), arm.run.header(), differ)  # which files, where code
             raise ReportError(f"{arm.label} vs {base.label}: the runs' manifests differ in {shown} besides the "
-                              f"compared {factor}; add --force to compare them anyway (the comparison is marked)")
+                              f"compared {factor}{files}; add --force to compare them anyway (the comparison is "
+                              "marked)")
         base_scores, _ = metrics.eligible(base.scores, k)
         scores, _ = metrics.eligible(arm.scores, k)
         out.append({"baseline": base.label, "treatment": arm.label, "factor": factor, "confounded": differ,

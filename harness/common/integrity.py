@@ -109,7 +109,8 @@ class IntegrityConfig:
                                                "whichever is largest", ge=0)
     # The sandbox's resource limits (harness.launch.sandbox.limits), per rank: a sandbox holds the W ranks of one
     # evaluation and gets W times each. Going over is the candidate's runtime_error, naming the limit.
-    # Memory: the largest need known is PKB's 68 and 77 at their base shapes (13-16 GiB a rank, docs/pkb.md);
+    # Memory: the largest need known is PKB's 68 and 77 at their base shapes (13-16 GiB a rank,
+    # docs/measurements/pkb-runs.md);
     # this project's largest input is 1 GiB a rank (all_reduce's `1gib` shape), and the CPU kernels' shared
     # mappings in /dev/shm take 2 W times a rank's input. 32 GiB a rank leaves twice the largest need.
     rank_memory_bytes: int = _knob(32 << 30, "host memory per rank: the sandbox's processes together, its "

@@ -3,7 +3,7 @@
 A build's limit is wall time, so builds that share the cores slow each other: on the 16-core H200 node,
 fourteen PKB builds at once took 111.6 s median (129 s p90) and one (57_ring_attention_pp, 145-170 s in the
 runs before) went past its 180 s limit, a compile_error that only the run's --concurrency caused
-(2026-12-03, docs/pkb.md). A build that overran its limit beside others is therefore built again alone
+(2026-12-03, docs/measurements/pkb-runs.md). A build that overran its limit beside others is therefore built again alone
 (harness.compiling.compile); only an overrun alone is the candidate's. `alone()` has priority over builds not
 yet started, so a stream of new builds cannot keep it waiting for ever.
 

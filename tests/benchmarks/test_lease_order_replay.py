@@ -1,5 +1,6 @@
 """The lease-order replay's simulation (benchmarks/lease_order_replay.py): a recorded log's requests served
-again under agent.lease_order's policy. Its figures go into docs/pkb.md, so its clock is checked here."""
+again under agent.lease_order's policy. Its figures go into docs/measurements/pkb-runs.md, so its clock is checked
+here."""
 
 from __future__ import annotations
 

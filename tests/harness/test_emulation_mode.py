@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
+import harness.config
 from agent.cli import emulation as cli_emulation
 from agent.cli.common import CliError
 from agent.report import metrics
@@ -51,10 +52,10 @@ def test_cli_option_checks(monkeypatch):
     class With(BaseModel):
         ranks_per_gpu: int = 1
 
-    monkeypatch.setattr(cli_emulation, "EvalConfig", Without)
+    monkeypatch.setattr(harness.config, "EvalConfig", Without)
     with pytest.raises(CliError, match="no emulated mode"):
         cli_emulation.check("cuda", 2, 2)
-    monkeypatch.setattr(cli_emulation, "EvalConfig", With)
+    monkeypatch.setattr(harness.config, "EvalConfig", With)
     cli_emulation.check("cuda", 4, 4, visible_gpus=1)
     with pytest.raises(CliError, match="needs 2 GPUs; 1 visible"):
         cli_emulation.check("cuda", 4, 2, visible_gpus=1)

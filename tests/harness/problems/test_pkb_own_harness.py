@@ -113,7 +113,7 @@ def test_parser_without_verdict_line_and_after_the_time_limit() -> None:
 def test_exception_line_strips_rank_prefixes_and_keeps_continued_messages() -> None:
     text = "[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1\n[rank0]: ValueError: bad\n"
     assert exception_line(text) == "ValueError: bad"
-    # as torch 2.11's pybind said it on the H200 (GPT-5.5's 2_allgather, docs/pkb.md), shortened
+    # as torch 2.11's pybind said it on the H200 (GPT-5.5's 2_allgather, docs/measurements/pkb-runs.md), shortened
     pybind = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"s.py\", line 247, in solution\n"
               "[rank0]: TypeError: launch(): incompatible function arguments. The following argument types are "
               "supported:\n[rank0]:     1. (arg0: torch.Tensor, arg1: typing.SupportsInt) -> None\n\n"
