@@ -16,6 +16,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter
 
 from agent.report import trajectories
+from agent.report.accounting import NOT_MEASURED
 from agent.report.build import Report
 from agent.report.matrix_figure import matrix_figure
 
@@ -27,15 +28,24 @@ def _png(fig: MplFigure) -> bytes:
 
 
 def fast_p_figure(report: Report) -> bytes | None:
+    """The fast_p curve of every arm that measured speed; an arm that did not is named in the legend as not
+    measured (with why), never drawn as a line of zeros."""
     arms = [a for a in report.data["arms"] if a["problems"]]
     if not arms:
         return None
     fig = MplFigure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     k = report.k
-    for arm in report.data["arms"]:
+    for i, arm in enumerate(report.data["arms"]):
+        reason = arm.get("speed", {}).get("not_measured")
+        if reason:  # an empty entry in the arm's colour: the legend says why there is no line
+            ax.plot([], [], label=f"{arm['label']}: {NOT_MEASURED} ({reason})", color=f"C{i % 10}",
+                    linestyle=":")
+            continue
         curve = np.asarray(arm["fast_p_curve"], dtype=float)
-        ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2)
+        ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2, color=f"C{i % 10}")
+    if all(a.get("speed", {}).get("not_measured") for a in report.data["arms"]):
+        ax.text(1.5, 0.5, f"fast_p {NOT_MEASURED}", ha="center", va="center", fontsize="x-large", color="#777777")
     for p in (1.0, 1.5):
         ax.axvline(p, color="#999999", linestyle="--", linewidth=0.8)
     ax.set_xlim(0, 3)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.report import metrics, trajectories
+from agent.report.accounting import INCOMPLETE_HELP, INCOMPLETE_TITLE
 from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
@@ -166,20 +167,23 @@ def to_html(report: Report) -> str:
     k = report.k
     pngs = draw_all(report)
     runs = html_table(*run_rows(report), "runs-table")
-    excluded = "".join(f'<p class="note">{esc(a["label"])}: left out (fewer than {k} finished samples): '
-                       f'{esc(", ".join(a["excluded_problems"]))}</p>' for a in d["arms"] if a["excluded_problems"])
+    incomplete = "".join(f'<p class="incomplete"><strong>{INCOMPLETE_TITLE}.</strong> {esc(line)}.</p>'
+                         for line in d.get("incomplete", []))
+    if incomplete:
+        incomplete += f'<p class="note">Where problems were left out, {esc(INCOMPLETE_HELP)}.</p>'
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<link rel="icon" href="data:,">',
         f"<title>pkb-agent report — {esc(', '.join(r['run_id'] for r in d['runs']))}</title>",
         f"<style>{css()}</style></head><body>",
-        f"<h1>pkb-agent report</h1>{runs}",
+        f"<h1>pkb-agent report{' — ' + INCOMPLETE_TITLE.lower() if incomplete else ''}</h1>",
+        f'<section id="incomplete">{incomplete}</section>' if incomplete else "", runs,
         '<section id="headline"><h2>Headline</h2>',
         f'<p class="note">Means over problems with a {d["level"]:.0%} bootstrap interval (percentile method, '
         f'{d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
         "correct and faster than p times the reference.</p>",
-        html_table(*headline_rows(report), "headline-table"), excluded,
+        html_table(*headline_rows(report), "headline-table"),
         "".join(f'<p class="note">Note: {esc(note)}.</p>' for note in d["notes"]), "</section>",
     ]
     if d["comparisons"]:
