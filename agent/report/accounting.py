@@ -16,6 +16,7 @@ any number. Pure (no I/O): it reads sample records and their result.json as agen
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -48,10 +49,14 @@ CAUSE_TEXT = {
 
 
 # -- one sample ---------------------------------------------------------------------------------------
+# Terminal escape sequences (CSI and OSC), removed whole: dropping only their ESC would leave "[31m" behind.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
+
+
 def clean_line(text: Any, limit: int = MESSAGE_CHARS) -> str:
     """The first non-empty line of `text`, without control or format characters (terminal escapes, bidi
     overrides: a candidate's error text reaches terminals and tables), at most `limit` characters."""
-    for line in str(text or "").splitlines():
+    for line in _ESCAPES.sub("", str(text or "")).splitlines():
         kept = "".join(" " if ch == "\t" else ch for ch in line
                        if ch == "\t" or not unicodedata.category(ch).startswith("C"))
         kept = " ".join(kept.split())

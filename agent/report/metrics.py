@@ -177,7 +177,8 @@ def score_asked(records: Iterable[SampleRecord], condition: str, asked: Mapping[
         out.append(ProblemScore(
             problem=problem, category=str(categories.get(problem, "other")), condition=condition, n=n,
             correct=len(ok), speedups=tuple(s for s in map(counted_speedup, ok) if s is not None),
-            roofline_fractions=tuple(float(r["roofline_fraction"]) for r in ok if r.get("roofline_fraction") is not None),
+            roofline_fractions=tuple(float(r["roofline_fraction"]) for r in ok
+                                     if r.get("roofline_fraction") is not None),
             verdicts=tuple(verdicts + ["not_started"] * (n - len(rows))),
             not_counted=sum(1 for r in ok if r.get("speedup") is not None and counted_speedup(r) is None),
         ))

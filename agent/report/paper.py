@@ -139,7 +139,8 @@ def arm_table(report: Report) -> tuple[list[str], list[list[str]]]:
         g = a["geomean_speedup"]
         reason = a.get("speed", {}).get("not_measured")
         geomean = not_measured_text(reason) if reason else ("—" if g is None else f"{g:.2f}x")
-        rows.append([a["label"], fmt_problems(a), _mean(a["pass_at_k"]), _mean(a["fast_1_at_k"]), geomean, str(a["per_solved"]["solved"]), _per_solved_cost(a),
+        rows.append([a["label"], fmt_problems(a), _mean(a["pass_at_k"]), _mean(a["fast_1_at_k"]), geomean,
+                     str(a["per_solved"]["solved"]), _per_solved_cost(a),
                      _per_solved_tokens(a), _per_solved_wall(a)])
         if not a.get("complete", True):  # the other denominator: every asked problem, the rest not solved
             asked = a["over_asked"]
