@@ -5,9 +5,10 @@ any number. Pure (no I/O): it reads sample records and their result.json as agen
   samples it asked for (`samples`; a replay run scores every file it finds: at least one a problem). A problem
   is *judged* in an arm when it has at least k finished samples that are not `infra_error` (what pass@k needs);
   every other asked problem is *excluded*, named with why: no sample yet, samples still running, infra_error
-  samples (with their short cause), too few judged samples. An arm with an excluded problem, or with an
-  infra_error sample left, is *incomplete*: its numbers are shown over the judged problems and over all the
-  asked ones (an infra_error, a sample never started or never finished counted as not solved).
+  samples (with their short cause), too few judged samples. An arm with an excluded problem, an infra_error
+  sample left, or an asked sample not finished, is *incomplete*: its numbers are shown over the judged
+  problems and over all the asked ones (an infra_error, a sample never started or never finished counted as
+  not solved).
 - Speed is *not measured* where ranks shared a GPU (emulated: `--ranks-per-gpu` above 1, or every correct
   sample's result says so) or where nothing was timed (`--no-timing`, or no correct sample has a speedup):
   fast_p, speedups and their geometric mean are then "—" with that reason, never 0. CPU timings are measured,
@@ -172,15 +173,17 @@ class Accounting:
     excluded: tuple[Excluded, ...]
     infra_samples: int
     samples_per_problem: dict[str, int] = field(default_factory=dict)  # asked samples, per asked problem
+    missing_samples: int = 0  # asked samples not finished: never started, or still running
 
     @property
     def complete(self) -> bool:
-        return not self.excluded and self.infra_samples == 0
+        return not self.excluded and self.infra_samples == 0 and self.missing_samples == 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"complete": self.complete, "asked": len(self.asked), "judged": len(self.judged),
                 "asked_problems": list(self.asked), "judged_problems": list(self.judged),
-                "excluded": [e.as_dict() for e in self.excluded], "infra_samples": self.infra_samples}
+                "excluded": [e.as_dict() for e in self.excluded], "infra_samples": self.infra_samples,
+                "missing_samples": self.missing_samples}
 
 
 def _causes(rows: Sequence[tuple[Mapping[str, Any], Mapping[str, Any] | None]]) -> tuple[str, ...]:
@@ -213,7 +216,7 @@ def account(records: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str,
     judged: list[str] = []
     excluded: list[Excluded] = []
     per_problem: dict[str, int] = {}
-    infra_total = 0
+    infra_total = missing = 0
     for problem in problems:
         rows = by_problem.get(problem, [])
         finished = [(r, res) for r, res in rows if r.get("status", "finished") == "finished"]
@@ -224,13 +227,14 @@ def account(records: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str,
         unfinished = len(rows) - len(finished)
         not_started = max(0, n_asked - len(rows))
         infra_total += len(infra)
+        missing += unfinished + not_started
         if n_judged >= k:
             judged.append(problem)
             continue
         causes = _causes(infra)
         excluded.append(Excluded(problem, _reason(n_judged, n_asked, k, len(infra), unfinished, not_started, causes),
                                  n_judged, n_asked, len(infra), unfinished, not_started, causes))
-    return Accounting(tuple(problems), tuple(judged), tuple(excluded), infra_total, per_problem)
+    return Accounting(tuple(problems), tuple(judged), tuple(excluded), infra_total, per_problem, missing)
 
 
 def speed_not_measured(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str | None:
@@ -276,6 +280,8 @@ def incomplete_line(label: str, accounts: Mapping[str, Any]) -> str:
         text += "; left out: " + "; ".join(f"{e['problem']} ({e['reason']})" for e in excluded)
     if accounts.get("infra_samples"):
         text += f"; {accounts['infra_samples']} infra_error sample(s) not judged again yet"
+    if accounts.get("missing_samples"):
+        text += f"; {accounts['missing_samples']} asked sample(s) not started or unfinished"
     return text
 
 
