@@ -16,6 +16,7 @@ from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
+    ONE_PROBLEM_NOTE,
     category_rows,
     curve_rows,
     distribution_rows,
@@ -24,6 +25,7 @@ from agent.report.rows import (
     fmt_gpu_seconds,
     fmt_seconds,
     headline_rows,
+    one_problem_means,
     problem_rows,
     run_rows,
 )
@@ -180,10 +182,11 @@ def to_html(report: Report) -> str:
         f"<h1>pkb-agent report{' — ' + INCOMPLETE_TITLE.lower() if incomplete else ''}</h1>",
         f'<section id="incomplete">{incomplete}</section>' if incomplete else "", runs,
         '<section id="headline"><h2>Headline</h2>',
-        f'<p class="note">Means over problems with a {d["level"]:.0%} bootstrap interval (percentile method, '
-        f'{d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
+        f'<p class="note">Means over the judged problems with a {d["level"]:.0%} bootstrap interval (percentile '
+        f'method, {d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
         "correct and faster than p times the reference.</p>",
         html_table(*headline_rows(report), "headline-table"),
+        f'<p class="note">Note: {esc(ONE_PROBLEM_NOTE)}.</p>' if one_problem_means(report) else "",
         "".join(f'<p class="note">Note: {esc(note)}.</p>' for note in d["notes"]), "</section>",
     ]
     if d["comparisons"]:

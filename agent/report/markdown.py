@@ -8,11 +8,13 @@ from agent.report.build import Report
 from agent.report.figures import FIGURES
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
+    ONE_PROBLEM_NOTE,
     category_rows,
     curve_rows,
     distribution_rows,
     failure_rows,
     headline_rows,
+    one_problem_means,
     problem_rows,
     run_rows,
 )
@@ -51,9 +53,11 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
         out += [f"Where problems were left out, {INCOMPLETE_HELP}.", ""]
     out.append(md_table(*run_rows(report)))
     out += ["", "## Headline", "",
-            f"Means over problems with a {d['level']:.0%} bootstrap interval (percentile method, "
+            f"Means over the judged problems with a {d['level']:.0%} bootstrap interval (percentile method, "
             f"{d['resamples']} resamples of problems, seed {d['seed']}); k = {k}. fast_p counts samples that "
             "are correct and faster than p times the reference.", "", md_table(*headline_rows(report))]
+    if one_problem_means(report):
+        out.append(f"\nNote: {ONE_PROBLEM_NOTE}.")
     for note in d["notes"]:
         out.append(f"\nNote: {note}.")
     if d["comparisons"]:

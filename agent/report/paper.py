@@ -16,7 +16,6 @@ from agent.report.accounting import INCOMPLETE_TITLE, not_measured_text
 from agent.report.build import Report
 from agent.report.rows import (
     NOT_AVAILABLE,
-    ONE_PROBLEM,
     fmt_cost,
     fmt_problems,
     fmt_seconds,
@@ -37,7 +36,7 @@ def fmt_delta(d: dict[str, Any]) -> str:
     if d["n"] == 0 or _nan(d["mean"]):
         return "— (no shared problem)"
     if d["n"] == 1:
-        return f"{d['mean']:+.2f} ({ONE_PROBLEM})"
+        return f"{d['mean']:+.2f}"
     return f"{d['mean']:+.2f} [{d['low']:+.2f}, {d['high']:+.2f}]"
 
 
@@ -100,7 +99,8 @@ def comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def method_note(report: Report) -> str:
     d = report.data
-    return (f"Per-problem differences (treatment − baseline) over the problems both have: mean with a paired "
+    return (f"Per-problem differences (treatment − baseline) over the problems judged in both arms (the problems "
+            f"dropped are counted in the table and named in the notes): mean with a paired "
             f"bootstrap {d['level']:.0%} interval ({d['resamples']} resamples of problems), and a two-sided paired "
             f"permutation test (each problem's two scores swapped or not; exact up to {d['permutations']} "
             "patterns, else that many drawn), Holm-corrected over every test shown. The speedup ratio is the ratio "

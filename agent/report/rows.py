@@ -19,7 +19,9 @@ def fmt_num(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-ONE_PROBLEM = "one problem: no interval"  # a bootstrap over one problem resamples nothing
+# A bootstrap over one problem resamples nothing: such a mean is shown bare, and the report says why once.
+ONE_PROBLEM_NOTE = ("a mean over one problem (an arm, a category or a comparison with one problem) is shown "
+                    "without an interval: a bootstrap over one problem resamples nothing")
 
 
 def fmt_interval(iv: dict[str, Any]) -> str:
@@ -28,8 +30,19 @@ def fmt_interval(iv: dict[str, Any]) -> str:
     if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
         return "—"
     if iv["n"] == 1:
-        return f"{iv['mean']:.2f} ({ONE_PROBLEM})"
+        return f"{iv['mean']:.2f}"
     return f"{iv['mean']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def one_problem_means(report: Report) -> bool:
+    """Whether any mean the report shows is over one problem (shown without an interval: ONE_PROBLEM_NOTE)."""
+    d = report.data
+    keys = [key for key, _ in HEADLINE_METRICS]
+    ivs = [a[key] for a in d["arms"] for key in keys] + [a["over_asked"][key] for a in d["arms"]
+                                                         if "over_asked" in a for key in keys]
+    ivs += [iv for a in d["arms"] for cat in a["per_category"].values() for iv in cat.values()]
+    ivs += [c["metrics"][key] for c in d["comparisons"] for key in keys]
+    return any(iv.get("n") == 1 for iv in ivs)
 
 
 def headline_metrics_shown(k: int) -> list[tuple[str, str]]:
