@@ -16,6 +16,7 @@ from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
+    NOT_AVAILABLE,
     ONE_PROBLEM_NOTE,
     category_rows,
     curve_rows,
@@ -120,11 +121,21 @@ def sample_cost(s: Sample) -> float | None:
     return s.record.usage.cost_usd if known and s.record.condition != REPLAY_CONDITION else None
 
 
+def sample_tokens(s: Sample) -> str:
+    """The sample's tokens as the headline counts them: n/a where nothing was counted (replayed code, replies
+    without counts), ≥ where some replies came without counts."""
+    u = s.record.usage
+    reported = (u.model_extra or {}).get("usage_reported", True) is not False
+    if s.record.condition == REPLAY_CONDITION or (not reported and not (u.input_tokens or u.output_tokens)):
+        return NOT_AVAILABLE
+    return f"{'' if reported else '≥'}{u.input_tokens} in / {u.output_tokens} out"
+
+
 def _sample_html(s: Sample, device: str | None) -> str:
     r = s.record
     calls = ", ".join(f"{k} {v}" for k, v in sorted(r.tool_calls.items())) or "none"
-    meta = (f'<div class="note">model {esc(r.model)} · tokens {r.usage.input_tokens} in / '
-            f'{r.usage.output_tokens} out · cost {esc(fmt_cost(sample_cost(s)))} · wall {fmt_seconds(r.wall_s)} · '
+    meta = (f'<div class="note">model {esc(r.model)} · tokens {esc(sample_tokens(s))} · '
+            f'cost {esc(fmt_cost(sample_cost(s)))} · wall {fmt_seconds(r.wall_s)} · '
             f'GPU {esc(fmt_gpu_seconds(r.gpu_s, device))} · tool calls: {esc(calls)}'
             + (f" · flags: {esc(', '.join(r.flags))}" if r.flags else "") + "</div>")
     candidates = {c.path: c for c in s.candidates}

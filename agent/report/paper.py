@@ -116,7 +116,10 @@ def _per_solved_cost(a: dict[str, Any]) -> str:
 
 def _per_solved_tokens(a: dict[str, Any]) -> str:
     value = a["per_solved"]["tokens"]
-    return NOT_AVAILABLE if value is None else fmt_tokens(int(round(value)))
+    if value is None:
+        return NOT_AVAILABLE
+    lower_bound = not a["usage"].get("usage_reported", True)  # some replies came without counts: the headline's ≥
+    return ("≥" if lower_bound else "") + fmt_tokens(int(round(value)))
 
 
 def _per_solved_wall(a: dict[str, Any]) -> str:
