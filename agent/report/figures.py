@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from agent.report import trajectories
 from agent.report.accounting import NOT_MEASURED
@@ -28,6 +28,11 @@ def _png(fig: MplFigure) -> bytes:
 
 
 def fast_p_figure(report: Report) -> bytes | None:
+    fig = fast_p_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def fast_p_plot(report: Report) -> MplFigure | None:
     """The fast_p curve of every arm that measured speed; an arm that did not is named in the legend as not
     measured (with why), never drawn as a line of zeros."""
     arms = [a for a in report.data["arms"] if a["problems"]]
@@ -57,7 +62,7 @@ def fast_p_figure(report: Report) -> bytes | None:
                  + ("\n(CPU timings: they prove the plumbing, not a GPU kernel's speed)" if cpu else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")
-    return _png(fig)
+    return fig
 
 
 def _strip_figure(report: Report, key: str, ylabel: str, title: str, log: bool) -> bytes | None:
@@ -104,6 +109,12 @@ FAILURE_COLOURS = {"correct": "#2ca02c", "no code": "#7f7f7f", "infrastructure":
 
 
 def failure_figure(report: Report) -> bytes | None:
+    fig = failure_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def failure_plot(report: Report) -> MplFigure | None:
+    """Verdicts per arm as stacked bars; the count axis has whole-number ticks only."""
     arms = report.data["arms"]
     labels = [lab for lab in arms[0]["failures"] if any(a["failures"].get(lab, 0) for a in arms)] if arms else []
     if not labels:
@@ -120,9 +131,10 @@ def failure_figure(report: Report) -> bytes | None:
     ax.set_yticks(range(len(arms)), [a["label"] for a in arms], fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("finished samples")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # samples are counted: no 2.5 tick
     ax.set_title("verdicts (PKB's failure classes)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize="small", frameon=False)
-    return _png(fig)
+    return fig
 
 
 def matrix_png(report: Report) -> bytes | None:
@@ -152,6 +164,9 @@ def trajectory_figure(report: Report) -> bytes | None:
                 axes[1][col].step(xs, [p["best_speedup"] for p in points], style, where="post",
                                   color=palette[i % 10])
                 axes[1][col].set_xlabel(title)
+                if axis == "turn":  # turns are counted: whole-number ticks only
+                    for row in (0, 1):
+                        axes[row][col].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("share with a correct candidate")
     axes[1][0].set_ylabel("median best speedup so far")
     for ax in axes[0]:
