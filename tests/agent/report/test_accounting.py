@@ -117,7 +117,8 @@ def test_an_asked_problem_without_any_sample_and_an_unfinished_one_are_named(tmp
 
 def test_the_export_names_the_failure_and_the_infra_cause_and_every_asked_sample(tmp_path: Path, capsys):
     hostile = "\x1b[2J\x1b]0;owned\x07boom \u202eevil\r\nsecond line"
-    outcomes = {**OUTCOMES, "zero-shot": {**OUTCOMES["zero-shot"], "all_gather": [INFRA, INFRA, INFRA]}}
+    outcomes = {**OUTCOMES, "zero-shot": {**OUTCOMES["zero-shot"],
+                                          "all_gather": [INFRA, ("runtime_error", None, None), INFRA]}}
     run = make_run(tmp_path, outcomes=outcomes, failures={"infra_error": MULTICAST_FAILURE,
                                                          "runtime_error": {"verdict": "runtime_error",
                                                                            "message": hostile}})
@@ -130,8 +131,11 @@ def test_the_export_names_the_failure_and_the_infra_cause_and_every_asked_sample
     wrong = lines[("zero-shot", "all_reduce", 1)]  # compile_error: no failure recorded, no message
     assert (wrong["failure_class"], wrong["infra_cause"], wrong["message"]) == ("compile_error", None, None)
     assert lines[("zero-shot", "all_reduce", 0)]["failure_class"] == "correct"
-    crashed = lines[("zero-shot", "all_gather", 1)] if False else lines[("zero-shot", "all_reduce", 2)]
-    assert crashed["failure_class"] == "output_mismatch" and crashed["message"] is None
+    hostile_line = lines[("zero-shot", "all_gather", 1)]  # the failure's first line, without escapes or controls
+    assert (hostile_line["failure_class"], hostile_line["infra_cause"]) == ("runtime_error", None)
+    assert hostile_line["message"] == "boom evil"
+    crashed = lines[("agent:check+compile", "all_reduce", 1)]
+    assert crashed["failure_class"] == "correct" and crashed["message"] is None
     missing = lines[("agent:check+compile", "all_reduce", 2)]
     assert (missing["status"], missing["failure_class"], missing["verdict"]) == ("not_started", "not_started", None)
     assert set(missing) == set(infra)  # the same columns on every line
