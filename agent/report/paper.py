@@ -76,7 +76,7 @@ def comparison_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The report's full comparison table: every headline Δ, the speedup ratio, tests and wins/losses/ties."""
     k = report.k
     shown = headline_metrics_shown(k)  # pass@k once at k = 1
-    head = ["treatment vs baseline", "compares", "problems"]
+    head = ["treatment vs baseline", "what differs", "problems"]
     rows = []
     for key, title in shown:
         head.append(f"Δ {title}")
@@ -158,8 +158,8 @@ def _delta_p(m: dict[str, Any]) -> tuple[str, str]:
 
 def pair_table(report: Report) -> tuple[list[str], list[list[str]]]:
     k = report.k
-    head = ["comparison", "n", f"Δpass@{k} [95% CI]", "p (Holm)", f"Δfast_1@{k} [95% CI]", "p (Holm)",
-            "speedup ratio [95% CI]", "p (Holm)", "W/L/T"]
+    head = ["comparison", "problems", f"Δpass@{k} [95% CI]", "p (Holm)", f"Δfast_1@{k} [95% CI]", "p (Holm)",
+            "speedup ratio [95% CI]", "p (Holm)", "wins/losses/ties"]
     rows = []
     for c in report.data["comparisons"]:
         m = c["metrics"]

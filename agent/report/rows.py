@@ -90,7 +90,8 @@ def fmt_gpu_seconds(seconds: float, device: str | None) -> str:
 def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """One row per run. `samples` is counted as the headline counts it (finished of those begun), so the two
     agree; `per problem` is what the run asked for (a replay run scores every file it finds)."""
-    head = ["run", "model", "conditions", "samples", "per problem", "device", "W", "shape", "created"]
+    head = ["run", "model", "conditions", "samples finished", "samples asked per problem", "device",
+            "ranks (world size)", "shape", "created"]
     keys = ("run_id", "model", "conditions", "finished", "samples", "device", "world_size", "shape", "created_at")
     rows = []
     for r in report.data["runs"]:
@@ -125,7 +126,7 @@ def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     k = report.k
     shown = headline_metrics_shown(k)
     head = ["condition", "problems", "samples"] + [title for _, title in shown] + [
-        "geomean speedup", "cost", "tokens", "wall", "GPU"]
+        "geomean speedup", "cost", "tokens", "wall time", "GPU time"]
     rows = []
     for a in report.data["arms"]:
         u = a["usage"]
