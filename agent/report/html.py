@@ -151,8 +151,12 @@ def _sample_html(s: Sample, device: str | None) -> str:
     if s.final_code is not None:
         res = s.result or {}
         msg = (res.get("failure") or {}).get("message", "") if isinstance(res.get("failure"), dict) else ""
+        same = next((c.path for c in s.candidates if c.code == s.final_code), None)
+        # final.py is a copy of the candidate that was scored: named, not shown a second time
+        body = (f'<div class="note">the same file as <code>{esc(same)}</code> above</div>' if same else
+                f"<pre><code>{esc(s.final_code)}</code></pre>")
         final = (f'<details class="final"><summary>final.py — scored: {_verdict_span(r.verdict, r.correct)}'
-                 f'{esc(" · " + msg) if msg else ""}</summary><pre><code>{esc(s.final_code)}</code></pre></details>')
+                 f'{esc(" · " + msg) if msg else ""}</summary>{body}</details>')
     return (f'<details class="sample"><summary>{_sample_summary(s)}</summary>{meta}{messages}{extra}{final}'
             "</details>")
 

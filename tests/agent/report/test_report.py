@@ -89,6 +89,10 @@ def test_html_is_self_contained_and_escaped(run_dir: Path, tmp_path: Path):
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from anywhere
     assert "<script" not in text and HOSTILE not in text
     assert html_escaped(HOSTILE) in text
+    # each scored file once: final.py is a copy of candidates/000.py, named rather than shown twice (issue 46)
+    samples_with_code = sum(1 for c in OUTCOMES.values() for rows in c.values() for v, _, _ in rows if v != "no_code")
+    assert text.count("the same file as <code>candidates/000.py</code> above") == samples_with_code
+    assert text.count(f"return x  # {html_escaped(HOSTILE)}") == samples_with_code
 
 
 def html_escaped(text: str) -> str:
