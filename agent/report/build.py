@@ -395,7 +395,7 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
                                  f"problem(s) judged in both; {len(c['dropped'])} dropped ({names})")
     for arm in data["arms"]:
         uncounted = arm["speedups_not_counted"]
-        if uncounted["samples"]:
+        if uncounted["samples"] and arm["speed"]["measured"]:  # else the note above says why none counts
             why = ", ".join(f"{flag} ×{n}" for flag, n in uncounted["flags"].items()) or "not fast-eligible"
             data["notes"].append(f"{arm['label']}: the speedups of {uncounted['samples']} correct sample(s) do not "
                                  f"count toward fast_p or the speedup figures ({why})")
