@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from agent.report.build import build
 from agent.report.figures import failure_plot, fast_p_plot
 from agent.report.run_reader import read_run
@@ -26,11 +28,13 @@ def test_an_unmeasured_arm_draws_no_fast_p_line(tmp_path: Path):
     fig = fast_p_plot(build([timed, emulated], force=True))
     assert fig is not None
     ax = fig.axes[0]
-    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    lines = {str(line.get_label()): line for line in ax.get_lines() if not str(line.get_label()).startswith("_")}
     assert set(lines) == {"timed/zero-shot", "emulated/zero-shot: not measured (emulated: ranks shared a GPU)"}
-    assert len(lines["timed/zero-shot"].get_xdata()) == 61
-    assert len(lines["emulated/zero-shot: not measured (emulated: ranks shared a GPU)"].get_xdata()) == 0
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert np.size(lines["timed/zero-shot"].get_xdata()) == 61
+    assert np.size(lines["emulated/zero-shot: not measured (emulated: ranks shared a GPU)"].get_xdata()) == 0
+    box = ax.get_legend()
+    assert box is not None
+    legend = [t.get_text() for t in box.get_texts()]
     assert "emulated/zero-shot: not measured (emulated: ranks shared a GPU)" in legend
     only = fast_p_plot(build([emulated]))
     assert only is not None and "fast_p not measured" in [t.get_text() for t in only.axes[0].texts]
