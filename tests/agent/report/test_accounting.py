@@ -268,3 +268,21 @@ def test_a_measured_run_keeps_its_zeros(tmp_path: Path):
     (arm,) = rep.data["arms"]
     assert arm["speed"] == {"measured": True, "not_measured": None} and arm["fast_1_at_k"]["mean"] == 0.0
     assert "not measured" not in to_markdown(rep)
+
+
+def test_a_replayed_set_names_the_files_the_machine_could_not_judge(tmp_path: Path):
+    """The issue's case: a recorded set replayed on one GPU, some files refused (multicast): `problems 18` with no
+    word on the other 6 became `18 of 24 asked`, each left-out problem named with its cause."""
+    replayed = {"replay": {"all_reduce": [("correct", 1.3, None)], "all_gather": [INFRA],
+                           "ulysses_all_to_all": [("output_mismatch", None, None)]}}
+    run = make_run(tmp_path, outcomes=replayed, samples=None, failures={"infra_error": MULTICAST_FAILURE},
+                   device="cuda")
+    rep = build([read_run(run)])
+    (arm,) = rep.data["arms"]
+    assert rep.k == 1 and arm["problems"] == 2 and arm["over_asked"]["problems"] == 3
+    assert arm["pass_at_1"]["mean"] == 0.5 and arm["over_asked"]["pass_at_1"]["mean"] == pytest.approx(1 / 3)
+    assert rep.data["incomplete"] == ["replay: 2 of 3 asked problems judged; left out: all_gather (no sample judged: "
+                                      "1 infra_error (multicast (refused))); 1 infra_error sample(s) not judged "
+                                      "again yet"]
+    (row,) = [r for r in md_rows(to_markdown(rep), HEADLINE) if r[0] == "replay"]
+    assert row[1] == "2 of 3 asked"
