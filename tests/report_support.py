@@ -35,10 +35,19 @@ def write_payload(path: Path, payload) -> None:
     path.write_text(payload if isinstance(payload, str) else json.dumps(payload, indent=1))
 
 
+# result.json's `failure` of an infra_error, as harness.evaluate writes them (agent.report.accounting reads the cause)
+SANDBOX_FAILURE = {"verdict": "infra_error", "phase": "launch", "infra_cause": "sandbox",
+                   "message": "PKB_SANDBOX=require and no sandbox can be started here: bwrap: setting up uid map"}
+MULTICAST_FAILURE = {"verdict": "infra_error", "phase": "check", "infra_cause": "emulation",
+                     "message": "not available in emulation: cuMulticastCreate: one GPU has no multicast [multicast]"}
+
+
 def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, samples: int | None = 3, *,
-             usage: dict[str, dict] | None = None, **config) -> Path:
+             usage: dict[str, dict] | None = None, failures: dict[str, dict] | None = None, **config) -> Path:
     """A run directory in docs/run-layout.md's format, with transcripts and candidates. `usage` adds keys to
-    a condition's sample usage (e.g. cost_known); `config` overrides run.json's config."""
+    a condition's sample usage (e.g. cost_known); `failures` maps a verdict to the `failure` its samples'
+    result.json carries (e.g. {"infra_error": SANDBOX_FAILURE}); `config` overrides run.json's config. Called
+    again on the same folder it writes the samples anew (what a resumed run that judged them leaves)."""
     run = root / run_id
     conditions = list(outcomes)
     write_payload(run / "run.json", {
@@ -78,7 +87,8 @@ def make_run(root: Path, run_id: str = "run-a", outcomes: dict = OUTCOMES, sampl
                                   {"tool": "check" if agent else "submit", "verdict": verdict})
                     write_payload(d / "final.py", code)
                     write_payload(d / "result.json", {"schema_version": 1, "problem": problem, "verdict": verdict,
-                                               "correct": verdict == "correct", "speedup": speedup})
+                                               "correct": verdict == "correct", "speedup": speedup,
+                                               "failure": (failures or {}).get(verdict)})
                     transcript.append({"role": "assistant", "content": "Here is a kernel.",
                                        "candidate": "candidates/000.py",
                                        "tool_calls": [{"id": "c1", "name": "check", "args": {"trials": 2}}]

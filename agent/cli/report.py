@@ -125,6 +125,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CliError(f"cannot write {out}: {err.strerror or err}") from None
     console.print(plain(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))"))
+    for line in built.data.get("incomplete", []):  # said on the terminal too: the file's headline says it first
+        console.print(plain(f"incomplete: {line}"))
     return 0
 
 

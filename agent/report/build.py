@@ -20,7 +20,7 @@ from typing import Any
 
 from agent import manifest
 from agent.conditions import REPLAY, ZERO_SHOT
-from agent.report import compare, metrics, trajectories
+from agent.report import accounting, compare, metrics, trajectories
 from agent.report.run_reader import Run, Sample
 from harness.common.flags import is_emulated, timing_note
 
@@ -47,6 +47,15 @@ class Arm:
     samples: list[Sample]
     records: list[dict[str, Any]]
     scores: list[metrics.ProblemScore]
+    # the problems asked, judged and left out (agent.report.accounting); None until make_arms has k
+    accounts: accounting.Accounting | None = None
+    not_measured: str | None = None  # why fast_p and speedups were not measured; None: they were
+
+    @property
+    def accounted(self) -> accounting.Accounting:
+        if self.accounts is None:
+            raise ValueError(f"arm {self.label}: not accounted (make_arms sets it)")
+        return self.accounts
 
 
 @dataclass
@@ -67,17 +76,21 @@ def run_labels(runs: Sequence[Run]) -> list[str]:
     return [r.run_id if ids[r.run_id] == 1 else f"{Path(r.path).parent.name}/{r.run_id}" for r in runs]
 
 
-def make_arms(runs: Sequence[Run]) -> list[Arm]:
+def make_arms(runs: Sequence[Run], k: int = 1) -> list[Arm]:
     arms: list[Arm] = []
     for run, name in zip(runs, run_labels(runs), strict=True):
         # A run whose config shares GPUs is emulated in every sample, whatever its results say.
         forced = {"emulated": True} if ranks_per_gpu(run) > 1 else {}
+        asked = accounting.asked_problems(run.config, run.manifest, [s.record.problem for s in run.samples])
         for condition in run.conditions:
             samples = [s for s in run.samples if s.record.condition == condition]
             records = [{**s.record.metrics_view(), **forced} for s in samples]
             label = condition if len(runs) == 1 else f"{name}/{condition}"
             scores = metrics.score_problems(records).get(condition, [])
-            arms.append(Arm(label, run, condition, samples, records, scores))
+            accounts = accounting.account(records, [s.result for s in samples], asked,
+                                          accounting.samples_asked(run.config), k)
+            arms.append(Arm(label, run, condition, samples, records, scores, accounts,
+                            accounting.speed_not_measured(records, run.config)))
     return arms
 
 
@@ -118,28 +131,63 @@ def arm_usage(arm: Arm) -> dict[str, Any]:
     return out
 
 
+FAST_KEYS = ("fast_1_at_k", "fast_1_5_at_k")  # the headline's speed metrics: "not measured" where an arm timed nothing
+
+
+def not_measured_interval(reason: str) -> dict[str, Any]:
+    """A metric that was not measured: no mean (null in JSON), no problem, and why; never 0."""
+    return {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0, "not_measured": reason}
+
+
+def _intervals(scores: Sequence[metrics.ProblemScore], k: int, seed: int, resamples: int,
+               not_measured: str | None) -> dict[str, dict[str, Any]]:
+    """The headline metrics' means and intervals over `scores`; the speed ones not measured where so."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, fn in headline_metrics(k).items():
+        if key in FAST_KEYS and not_measured is not None:
+            out[key] = not_measured_interval(not_measured)
+        else:
+            out[key] = dict(metrics.mean_over_problems(scores, fn, seed=seed, resamples=resamples).as_dict())
+    return out
+
+
+def _over_asked(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
+    """The headline metrics over every asked problem, what was not judged counted as not solved."""
+    accounts = arm.accounted
+    categories = {s.record.problem: s.record.category for s in arm.run.samples}
+    scores = metrics.score_asked(arm.records, arm.condition, accounts.samples_per_problem, categories, k)
+    return {"problems": len(scores), **_intervals(scores, k, seed, resamples, arm.not_measured)}
+
+
 def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
-    scores, excluded = metrics.eligible(arm.scores, k)
+    scores, _ = metrics.eligible(arm.scores, k)
+    accounts = arm.accounted
     usage = arm_usage(arm)
     stat = headline_metrics(k)
     finished = metrics.finished(arm.records)
-    speedups = [v for s in scores for v in s.speedups]
+    measured = arm.not_measured is None
+    speedups = [v for s in scores for v in s.speedups] if measured else []
     dist = metrics.summarize(speedups)
     roof = metrics.roofline_summary(scores)
     pass_by_cat = metrics.per_category(scores, stat["pass_at_k"], seed=seed, resamples=resamples)
     fast_by_cat = metrics.per_category(scores, stat["fast_1_at_k"], seed=seed, resamples=resamples)
+    curve = metrics.fast_p_curve(scores, k) if measured else [(p, math.nan) for p in metrics.FAST_P_GRID]
     return {
         "label": arm.label,
         "run_id": arm.run.run_id,
         "condition": arm.condition,
         "model": str(arm.run.config.get("model", "")),
-        "problems": len(scores),
-        "excluded_problems": excluded,
+        "problems": len(scores),  # judged: the denominator of the metrics below
+        "excluded_problems": [e.problem for e in accounts.excluded],
+        "accounting": accounts.as_dict(),
+        "complete": accounts.complete,
+        "speed": {"measured": measured, "not_measured": arm.not_measured},
         "samples": {"total": len(arm.records), "finished": len(finished),
-                    "infra_error": sum(1 for r in finished if r.get("verdict") == "infra_error")},
-        **{key: metrics.mean_over_problems(scores, fn, seed=seed, resamples=resamples).as_dict()
-           for key, fn in stat.items()},
-        "geomean_speedup": metrics.geomean_speedup(scores),
+                    "infra_error": sum(1 for r in finished if r.get("verdict") == "infra_error"),
+                    "asked": sum(accounts.samples_per_problem.values())},
+        **_intervals(scores, k, seed, resamples, arm.not_measured),
+        "over_asked": _over_asked(arm, k, seed, resamples),
+        "geomean_speedup": metrics.geomean_speedup(scores) if measured else None,
         "speedup": dist.as_dict() if dist else None,
         "speedups": speedups,
         "speedups_not_counted": metrics.uncounted_speedups(arm.records),
@@ -149,14 +197,16 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
         "device": arm.run.config.get("device"),
         "usage": usage,
         "per_solved": compare.per_solved(usage, scores),
-        "per_category": {cat: {"pass_at_k": iv.as_dict(), "fast_1_at_k": fast_by_cat[cat].as_dict()}
+        "per_category": {cat: {"pass_at_k": iv.as_dict(),
+                               "fast_1_at_k": fast_by_cat[cat].as_dict() if measured
+                               else not_measured_interval(str(arm.not_measured))}
                          for cat, iv in pass_by_cat.items()},
-        "fast_p_curve": [[p, v] for p, v in metrics.fast_p_curve(scores, k)],
+        "fast_p_curve": [[p, v] for p, v in curve],
         "per_problem": [
             {"problem": s.problem, "category": s.category, "n": s.n, "correct": s.correct,
              "pass_at_1": s.pass_at(1), "pass_at_k": s.pass_at(k) if s.n >= k else None,
-             "fast_1_at_k": s.fast_at(1.0, k) if s.n >= k else None,
-             "best_speedup": max(s.speedups) if s.speedups else None,
+             "fast_1_at_k": s.fast_at(1.0, k) if s.n >= k and measured else None,
+             "best_speedup": max(s.speedups) if s.speedups and measured else None,
              "verdicts": dict(sorted(Counter(s.verdicts).items()))}
             for s in arm.scores
         ],
@@ -176,6 +226,25 @@ def confounders(base: Arm, treatment: Arm, factor: str) -> list[str]:
         return []
     keys = manifest.differing_keys(manifest.comparable(base.run.header()), manifest.comparable(treatment.run.header()))
     return [k for k in keys if not (factor == "model" and k.startswith(manifest.MODEL_PREFIX))]
+
+
+def dropped_problems(base: Arm, treatment: Arm) -> list[dict[str, str]]:
+    """The problems a comparison leaves out (asked by either arm, not judged in both), each with why."""
+    judged = set(base.accounted.judged) & set(treatment.accounted.judged)
+    asked = list(dict.fromkeys([*base.accounted.asked, *treatment.accounted.asked]))
+    out = []
+    for problem in asked:
+        if problem in judged:
+            continue
+        why = []
+        for arm in (base, treatment):
+            excluded = next((e for e in arm.accounted.excluded if e.problem == problem), None)
+            if problem not in arm.accounted.asked:
+                why.append(f"not asked in {arm.label}")
+            elif excluded is not None:
+                why.append(f"not judged in {arm.label} ({excluded.reason})")
+        out.append({"problem": problem, "reason": "; ".join(why)})
+    return out
 
 
 def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int, *, baseline: str | None,
@@ -201,8 +270,16 @@ def _comparisons(arms: Sequence[Arm], k: int, seed: int, resamples: int, *, base
                               "marked)")
         base_scores, _ = metrics.eligible(base.scores, k)
         scores, _ = metrics.eligible(arm.scores, k)
+        shared = set(base.accounted.judged) & set(arm.accounted.judged)
+        result = compare.compare([s for s in base_scores if s.problem in shared],
+                                 [s for s in scores if s.problem in shared], stat, seed=seed, resamples=resamples)
+        unmeasured = base.not_measured or arm.not_measured
+        if unmeasured is not None:  # a difference of speeds one side never measured is no difference
+            for key in (*FAST_KEYS, "speedup_ratio"):
+                result[key] = not_measured_interval(unmeasured)
         out.append({"baseline": base.label, "treatment": arm.label, "factor": factor, "confounded": differ,
-                    "metrics": compare.compare(base_scores, scores, stat, seed=seed, resamples=resamples)})
+                    "shared_problems": len(shared), "dropped": dropped_problems(base, arm),
+                    "metrics": result})
     compare.apply_holm(out)
     reference = next((arms[b].label for b, _ in chosen), None)
     return reference, out
@@ -277,7 +354,7 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
         if n is not None and k > n:
             raise ReportError(f"k={k} exceeds the {n} samples per problem of run {run.run_id} "
                               f"(pass@k needs n >= k)")
-    arms = make_arms(runs)
+    arms = make_arms(runs, k)
     reference, comparisons = _comparisons(arms, k, seed, resamples, baseline=baseline, all_pairs=all_pairs,
                                           force=force)
     data: dict[str, Any] = {
@@ -306,9 +383,21 @@ def build(runs: Sequence[Run], *, k: int | None = None, seed: int = 0,
     for c in marked:
         data["notes"].append(f"{c['treatment']} vs {c['baseline']} (marked †) compares runs whose manifests also "
                              f"differ in {', '.join(c['confounded'])}: not a clean comparison of the {c['factor']}")
+    data["complete"] = all(a["complete"] for a in data["arms"])
+    data["incomplete"] = [accounting.incomplete_line(a["label"], a["accounting"]) for a in data["arms"]
+                          if not a["complete"]]
+    for arm in data["arms"]:
+        if arm["speed"]["not_measured"]:
+            data["notes"].append(f"{arm['label']}: fast_p, speedups and their geometric mean were not measured "
+                                 f"({arm['speed']['not_measured']}): shown as —, never as 0")
+    for c in comparisons:
+        if c["dropped"]:
+            names = ", ".join(d["problem"] for d in c["dropped"])
+            data["notes"].append(f"{c['treatment']} vs {c['baseline']}: compared on the {c['shared_problems']} "
+                                 f"problem(s) judged in both; {len(c['dropped'])} dropped ({names})")
     for arm in data["arms"]:
         uncounted = arm["speedups_not_counted"]
-        if uncounted["samples"]:
+        if uncounted["samples"] and arm["speed"]["measured"]:  # else the note above says why none counts
             why = ", ".join(f"{flag} ×{n}" for flag, n in uncounted["flags"].items()) or "not fast-eligible"
             data["notes"].append(f"{arm['label']}: the speedups of {uncounted['samples']} correct sample(s) do not "
                                  f"count toward fast_p or the speedup figures ({why})")

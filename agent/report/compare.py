@@ -155,11 +155,13 @@ def per_solved(usage: dict[str, Any], scores: Sequence[metrics.ProblemScore]) ->
     """Dollars, tokens and wall seconds per solved problem (a problem with a correct finished sample)."""
     solved = sum(1 for s in scores if s.correct > 0)
     cost = usage.get("cost_usd")
+    # tokens nobody counted (replayed code, replies without counts) are unknown, never 0: the headline's rule
+    tokens = None if not usage.get("usage_reported", True) and not usage.get("tokens") else usage.get("tokens")
 
     def per(value: float | None) -> float | None:
         return None if value is None or solved == 0 else float(value) / solved
 
-    return {"solved": solved, "cost_usd": per(cost), "tokens": per(usage.get("tokens")),
+    return {"solved": solved, "cost_usd": per(cost), "tokens": per(tokens),
             "wall_s": per(usage.get("wall_s"))}
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from agent.report import trajectories
+from agent.report.accounting import NOT_MEASURED
 from agent.report.build import Report
 from agent.report.matrix_figure import matrix_figure
 
@@ -27,15 +28,29 @@ def _png(fig: MplFigure) -> bytes:
 
 
 def fast_p_figure(report: Report) -> bytes | None:
+    fig = fast_p_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def fast_p_plot(report: Report) -> MplFigure | None:
+    """The fast_p curve of every arm that measured speed; an arm that did not is named in the legend as not
+    measured (with why), never drawn as a line of zeros."""
     arms = [a for a in report.data["arms"] if a["problems"]]
     if not arms:
         return None
     fig = MplFigure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     k = report.k
-    for arm in report.data["arms"]:
+    for i, arm in enumerate(report.data["arms"]):
+        reason = arm.get("speed", {}).get("not_measured")
+        if reason:  # an empty entry in the arm's colour: the legend says why there is no line
+            ax.plot([], [], label=f"{arm['label']}: {NOT_MEASURED} ({reason})", color=f"C{i % 10}",
+                    linestyle=":")
+            continue
         curve = np.asarray(arm["fast_p_curve"], dtype=float)
-        ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2)
+        ax.plot(curve[:, 0], curve[:, 1], label=arm["label"], linewidth=2, color=f"C{i % 10}")
+    if all(a.get("speed", {}).get("not_measured") for a in report.data["arms"]):
+        ax.text(1.5, 0.5, f"fast_p {NOT_MEASURED}", ha="center", va="center", fontsize="x-large", color="#777777")
     for p in (1.0, 1.5):
         ax.axvline(p, color="#999999", linestyle="--", linewidth=0.8)
     ax.set_xlim(0, 3)
@@ -47,7 +62,7 @@ def fast_p_figure(report: Report) -> bytes | None:
                  + ("\n(CPU timings: they prove the plumbing, not a GPU kernel's speed)" if cpu else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize="small")
-    return _png(fig)
+    return fig
 
 
 def _strip_figure(report: Report, key: str, ylabel: str, title: str, log: bool) -> bytes | None:
@@ -94,6 +109,12 @@ FAILURE_COLOURS = {"correct": "#2ca02c", "no code": "#7f7f7f", "infrastructure":
 
 
 def failure_figure(report: Report) -> bytes | None:
+    fig = failure_plot(report)
+    return None if fig is None else _png(fig)
+
+
+def failure_plot(report: Report) -> MplFigure | None:
+    """Verdicts per arm as stacked bars; the count axis has whole-number ticks only."""
     arms = report.data["arms"]
     labels = [lab for lab in arms[0]["failures"] if any(a["failures"].get(lab, 0) for a in arms)] if arms else []
     if not labels:
@@ -110,9 +131,10 @@ def failure_figure(report: Report) -> bytes | None:
     ax.set_yticks(range(len(arms)), [a["label"] for a in arms], fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("finished samples")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # samples are counted: no 2.5 tick
     ax.set_title("verdicts (PKB's failure classes)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize="small", frameon=False)
-    return _png(fig)
+    return fig
 
 
 def matrix_png(report: Report) -> bytes | None:
@@ -142,6 +164,9 @@ def trajectory_figure(report: Report) -> bytes | None:
                 axes[1][col].step(xs, [p["best_speedup"] for p in points], style, where="post",
                                   color=palette[i % 10])
                 axes[1][col].set_xlabel(title)
+                if axis == "turn":  # turns are counted: whole-number ticks only
+                    for row in (0, 1):
+                        axes[row][col].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("share with a correct candidate")
     axes[1][0].set_ylabel("median best speedup so far")
     for ax in axes[0]:

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.report import metrics, trajectories
+from agent.report.accounting import INCOMPLETE_HELP, INCOMPLETE_TITLE
 from agent.report.build import REPLAY_CONDITION, Report
 from agent.report.figures import FIGURES, draw_all
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
+    NOT_AVAILABLE,
+    ONE_PROBLEM_NOTE,
     category_rows,
     curve_rows,
     distribution_rows,
@@ -23,6 +26,7 @@ from agent.report.rows import (
     fmt_gpu_seconds,
     fmt_seconds,
     headline_rows,
+    one_problem_means,
     problem_rows,
     run_rows,
 )
@@ -117,11 +121,21 @@ def sample_cost(s: Sample) -> float | None:
     return s.record.usage.cost_usd if known and s.record.condition != REPLAY_CONDITION else None
 
 
+def sample_tokens(s: Sample) -> str:
+    """The sample's tokens as the headline counts them: n/a where nothing was counted (replayed code, replies
+    without counts), ≥ where some replies came without counts."""
+    u = s.record.usage
+    reported = (u.model_extra or {}).get("usage_reported", True) is not False
+    if s.record.condition == REPLAY_CONDITION or (not reported and not (u.input_tokens or u.output_tokens)):
+        return NOT_AVAILABLE
+    return f"{'' if reported else '≥'}{u.input_tokens} in / {u.output_tokens} out"
+
+
 def _sample_html(s: Sample, device: str | None) -> str:
     r = s.record
     calls = ", ".join(f"{k} {v}" for k, v in sorted(r.tool_calls.items())) or "none"
-    meta = (f'<div class="note">model {esc(r.model)} · tokens {r.usage.input_tokens} in / '
-            f'{r.usage.output_tokens} out · cost {esc(fmt_cost(sample_cost(s)))} · wall {fmt_seconds(r.wall_s)} · '
+    meta = (f'<div class="note">model {esc(r.model)} · tokens {esc(sample_tokens(s))} · '
+            f'cost {esc(fmt_cost(sample_cost(s)))} · wall {fmt_seconds(r.wall_s)} · '
             f'GPU {esc(fmt_gpu_seconds(r.gpu_s, device))} · tool calls: {esc(calls)}'
             + (f" · flags: {esc(', '.join(r.flags))}" if r.flags else "") + "</div>")
     candidates = {c.path: c for c in s.candidates}
@@ -137,8 +151,12 @@ def _sample_html(s: Sample, device: str | None) -> str:
     if s.final_code is not None:
         res = s.result or {}
         msg = (res.get("failure") or {}).get("message", "") if isinstance(res.get("failure"), dict) else ""
+        same = next((c.path for c in s.candidates if c.code == s.final_code), None)
+        # final.py is a copy of the candidate that was scored: named, not shown a second time
+        body = (f'<div class="note">the same file as <code>{esc(same)}</code> above</div>' if same else
+                f"<pre><code>{esc(s.final_code)}</code></pre>")
         final = (f'<details class="final"><summary>final.py — scored: {_verdict_span(r.verdict, r.correct)}'
-                 f'{esc(" · " + msg) if msg else ""}</summary><pre><code>{esc(s.final_code)}</code></pre></details>')
+                 f'{esc(" · " + msg) if msg else ""}</summary>{body}</details>')
     return (f'<details class="sample"><summary>{_sample_summary(s)}</summary>{meta}{messages}{extra}{final}'
             "</details>")
 
@@ -166,20 +184,24 @@ def to_html(report: Report) -> str:
     k = report.k
     pngs = draw_all(report)
     runs = html_table(*run_rows(report), "runs-table")
-    excluded = "".join(f'<p class="note">{esc(a["label"])}: left out (fewer than {k} finished samples): '
-                       f'{esc(", ".join(a["excluded_problems"]))}</p>' for a in d["arms"] if a["excluded_problems"])
+    incomplete = "".join(f'<p class="incomplete"><strong>{INCOMPLETE_TITLE}.</strong> {esc(line)}.</p>'
+                         for line in d.get("incomplete", []))
+    if incomplete:
+        incomplete += f'<p class="note">Where problems were left out, {esc(INCOMPLETE_HELP)}.</p>'
     parts = [
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<link rel="icon" href="data:,">',
         f"<title>pkb-agent report — {esc(', '.join(r['run_id'] for r in d['runs']))}</title>",
         f"<style>{css()}</style></head><body>",
-        f"<h1>pkb-agent report</h1>{runs}",
+        f"<h1>pkb-agent report{' — ' + INCOMPLETE_TITLE.lower() if incomplete else ''}</h1>",
+        f'<section id="incomplete">{incomplete}</section>' if incomplete else "", runs,
         '<section id="headline"><h2>Headline</h2>',
-        f'<p class="note">Means over problems with a {d["level"]:.0%} bootstrap interval (percentile method, '
-        f'{d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
+        f'<p class="note">Means over the judged problems with a {d["level"]:.0%} bootstrap interval (percentile '
+        f'method, {d["resamples"]} resamples of problems, seed {d["seed"]}); k = {k}. fast_p counts samples that are '
         "correct and faster than p times the reference.</p>",
-        html_table(*headline_rows(report), "headline-table"), excluded,
+        html_table(*headline_rows(report), "headline-table"),
+        f'<p class="note">Note: {esc(ONE_PROBLEM_NOTE)}.</p>' if one_problem_means(report) else "",
         "".join(f'<p class="note">Note: {esc(note)}.</p>' for note in d["notes"]), "</section>",
     ]
     if d["comparisons"]:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from agent.report import trajectories
+from agent.report.accounting import INCOMPLETE_HELP, INCOMPLETE_TITLE
 from agent.report.build import Report
 from agent.report.figures import FIGURES
 from agent.report.paper import arm_table, comparison_rows, method_note, pair_table
 from agent.report.rows import (
+    ONE_PROBLEM_NOTE,
     category_rows,
     curve_rows,
     distribution_rows,
     failure_rows,
     headline_rows,
+    one_problem_means,
     problem_rows,
     run_rows,
 )
@@ -42,17 +45,21 @@ def to_markdown(report: Report, figures: dict[str, str] | None = None) -> str:
     link; None: no figures at all."""
     d = report.data
     k = report.k
-    out = [f"# pkb-agent report ({len(d['runs'])} run{'s' if len(d['runs']) != 1 else ''})", ""]
+    title = f"# pkb-agent report ({len(d['runs'])} run{'s' if len(d['runs']) != 1 else ''})"
+    out = [title + (f" — {INCOMPLETE_TITLE.lower()}" if d.get("incomplete") else ""), ""]
+    for line in d.get("incomplete", []):  # before any number: what the numbers leave out
+        out += [f"**{INCOMPLETE_TITLE}.** {line}.", ""]
+    if d.get("incomplete"):
+        out += [f"Where problems were left out, {INCOMPLETE_HELP}.", ""]
     out.append(md_table(*run_rows(report)))
     out += ["", "## Headline", "",
-            f"Means over problems with a {d['level']:.0%} bootstrap interval (percentile method, "
+            f"Means over the judged problems with a {d['level']:.0%} bootstrap interval (percentile method, "
             f"{d['resamples']} resamples of problems, seed {d['seed']}); k = {k}. fast_p counts samples that "
             "are correct and faster than p times the reference.", "", md_table(*headline_rows(report))]
+    if one_problem_means(report):
+        out.append(f"\nNote: {ONE_PROBLEM_NOTE}.")
     for note in d["notes"]:
         out.append(f"\nNote: {note}.")
-    excluded = [(a["label"], a["excluded_problems"]) for a in d["arms"] if a["excluded_problems"]]
-    for label, names in excluded:
-        out.append(f"\n{label}: left out (fewer than {k} finished samples): {', '.join(names)}")
     if d["comparisons"]:
         out += ["", "## Comparison", "", method_note(report), "", md_table(*comparison_rows(report))]
     out += ["", "## Compact table (for a paper; `--format tex` for LaTeX)", ""]

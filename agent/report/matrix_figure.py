@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure as MplFigure
 
+from agent.report.accounting import NOT_MEASURED
 from agent.report.build import Report, run_labels
 
 
@@ -45,7 +46,7 @@ def matrix_figure(report: Report) -> MplFigure | None:
                 ax.text(j, i, "—", ha="center", va="center", color="#555555")
                 continue
             colour = "white" if passed[i, j] < 0.6 else "black"
-            fast_text = "—" if math.isnan(fast[i, j]) else f"{fast[i, j]:.2f}"
+            fast_text = NOT_MEASURED if math.isnan(fast[i, j]) else f"{fast[i, j]:.2f}"
             ax.text(j, i, f"{passed[i, j]:.2f}\nfast {fast_text}", ha="center", va="center", color=colour,
                     fontsize="small")
     ax.set_xticks(range(len(cols)), cols, rotation=20, ha="right", fontsize="small")

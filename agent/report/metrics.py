@@ -158,6 +158,33 @@ def score_problems(records: Iterable[SampleRecord]) -> dict[str, list[ProblemSco
     return out
 
 
+def score_asked(records: Iterable[SampleRecord], condition: str, asked: Mapping[str, int], categories:
+                Mapping[str, str], k: int) -> list[ProblemScore]:
+    """One condition's scores over every asked problem ({problem: samples asked}), counting what was not judged
+    (an infra_error, a sample unfinished or never started) as a sample that is not solved: the lower bound of
+    what the arm would score once everything is judged. n is at least k, so pass@k is defined for every problem."""
+    rows_by: dict[str, list[SampleRecord]] = {}
+    for r in records:
+        if str(r.get("condition")) == condition:
+            rows_by.setdefault(str(r.get("problem")), []).append(r)
+    out = []
+    for problem, wanted in asked.items():
+        rows = sorted(rows_by.get(problem, []), key=lambda r: int(r.get("sample", 0)))
+        ok = [r for r in scored(rows) if r.get("correct")]
+        n = max(wanted, len(rows), k)
+        verdicts = [str(r.get("verdict", NO_CODE)) if r.get("status", "finished") == "finished" else "unfinished"
+                    for r in rows]
+        out.append(ProblemScore(
+            problem=problem, category=str(categories.get(problem, "other")), condition=condition, n=n,
+            correct=len(ok), speedups=tuple(s for s in map(counted_speedup, ok) if s is not None),
+            roofline_fractions=tuple(float(r["roofline_fraction"]) for r in ok
+                                     if r.get("roofline_fraction") is not None),
+            verdicts=tuple(verdicts + ["not_started"] * (n - len(rows))),
+            not_counted=sum(1 for r in ok if r.get("speedup") is not None and counted_speedup(r) is None),
+        ))
+    return out
+
+
 def eligible(scores: Sequence[ProblemScore], k: int) -> tuple[list[ProblemScore], list[str]]:
     """The problems with at least k finished samples, and the names of those left out."""
     keep = [s for s in scores if s.n >= k]

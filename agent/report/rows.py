@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agent.report.accounting import not_measured_text
 from agent.report.build import HEADLINE_METRICS, REPLAY_CONDITION, Report
 from harness.common.flags import timing_note
 
@@ -18,15 +19,30 @@ def fmt_num(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-ONE_PROBLEM = "one problem: no interval"  # a bootstrap over one problem resamples nothing
+# A bootstrap over one problem resamples nothing: such a mean is shown bare, and the report says why once.
+ONE_PROBLEM_NOTE = ("a mean over one problem (an arm, a category or a comparison with one problem) is shown "
+                    "without an interval: a bootstrap over one problem resamples nothing")
 
 
 def fmt_interval(iv: dict[str, Any]) -> str:
+    if iv.get("not_measured"):
+        return not_measured_text(iv["not_measured"])
     if iv["n"] == 0 or iv["mean"] is None or math.isnan(iv["mean"]):
         return "—"
     if iv["n"] == 1:
-        return f"{iv['mean']:.2f} ({ONE_PROBLEM})"
+        return f"{iv['mean']:.2f}"
     return f"{iv['mean']:.2f} [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def one_problem_means(report: Report) -> bool:
+    """Whether any mean the report shows is over one problem (shown without an interval: ONE_PROBLEM_NOTE)."""
+    d = report.data
+    keys = [key for key, _ in HEADLINE_METRICS]
+    ivs = [a[key] for a in d["arms"] for key in keys] + [a["over_asked"][key] for a in d["arms"]
+                                                         if "over_asked" in a for key in keys]
+    ivs += [iv for a in d["arms"] for cat in a["per_category"].values() for iv in cat.values()]
+    ivs += [c["metrics"][key] for c in d["comparisons"] for key in keys]
+    return any(iv.get("n") == 1 for iv in ivs)
 
 
 def headline_metrics_shown(k: int) -> list[tuple[str, str]]:
@@ -74,7 +90,8 @@ def fmt_gpu_seconds(seconds: float, device: str | None) -> str:
 def run_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """One row per run. `samples` is counted as the headline counts it (finished of those begun), so the two
     agree; `per problem` is what the run asked for (a replay run scores every file it finds)."""
-    head = ["run", "model", "conditions", "samples", "per problem", "device", "W", "shape", "created"]
+    head = ["run", "model", "conditions", "samples finished", "samples asked per problem", "device",
+            "ranks (world size)", "shape", "created"]
     keys = ("run_id", "model", "conditions", "finished", "samples", "device", "world_size", "shape", "created_at")
     rows = []
     for r in report.data["runs"]:
@@ -95,27 +112,47 @@ def fmt_arm_speedup(value: float | None, device: str | None) -> str:
     return f"{text} (CPU: plumbing)" if value is not None and timing_note(device) else text
 
 
+def fmt_problems(a: dict[str, Any]) -> str:
+    """The arm's problem count: the judged ones, and of how many asked where some were left out."""
+    acc = a.get("accounting")
+    if acc is None or acc["judged"] == acc["asked"]:
+        return str(a["problems"])
+    return f"{a['problems']} of {acc['asked']} asked"
+
+
 def headline_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """One row per arm over its judged problems; under an incomplete arm, a second row over every asked problem
+    (what was not judged counted as not solved)."""
     k = report.k
     shown = headline_metrics_shown(k)
     head = ["condition", "problems", "samples"] + [title for _, title in shown] + [
-        "geomean speedup", "cost", "tokens", "wall", "GPU"]
+        "geomean speedup", "cost", "tokens", "wall time", "GPU time"]
     rows = []
     for a in report.data["arms"]:
         u = a["usage"]
-        rows.append([a["label"], str(a["problems"]), f"{a['samples']['finished']}/{a['samples']['total']}"]
+        reason = a.get("speed", {}).get("not_measured")
+        geomean = not_measured_text(reason) if reason else fmt_arm_speedup(a["geomean_speedup"], a["device"])
+        rows.append([a["label"], fmt_problems(a), f"{a['samples']['finished']}/{a['samples']['total']}"]
                     + [fmt_interval(a[key]) for key, _ in shown]
-                    + [fmt_arm_speedup(a["geomean_speedup"], a["device"]), fmt_cost(u["cost_usd"]),
+                    + [geomean, fmt_cost(u["cost_usd"]),
                        fmt_usage_tokens(u), fmt_seconds(u["wall_s"]), fmt_gpu_seconds(u["gpu_s"], a["device"])])
+        if not a.get("complete", True):
+            asked = a["over_asked"]
+            rows.append([f"{a['label']}, over all asked", f"{asked['problems']} asked",
+                         f"{a['samples']['asked']} asked"]
+                        + [fmt_interval(asked[key]) for key, _ in shown] + ["", "", "", "", ""])
     return head, rows
 
 
 def curve_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    head = ["p"] + [a["label"] for a in report.data["arms"]]
+    arms = report.data["arms"]
+    reasons = [a.get("speed", {}).get("not_measured") for a in arms]
+    head = ["p"] + [a["label"] if r is None else f"{a['label']}: {not_measured_text(r)}" for a, r in zip(arms, reasons,
+                                                                                                       strict=True)]
     rows = []
     for p in CURVE_TABLE_PS:
         row = [f"{p:g}"]
-        for a in report.data["arms"]:
+        for a in arms:
             value = next((v for q, v in a["fast_p_curve"] if abs(q - p) < 1e-9), None)
             row.append(fmt_num(value))
         rows.append(row)
@@ -128,7 +165,10 @@ def distribution_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     for a in report.data["arms"]:
         for key, name in (("speedup", "speedup"), ("roofline_fraction", "roofline fraction")):
             d = a[key]
-            if d is None:
+            reason = a.get("speed", {}).get("not_measured") if key == "speedup" else None
+            if reason:
+                rows.append([a["label"], name, not_measured_text(reason), "—", "—", "—", "—", "—"])
+            elif d is None:
                 rows.append([a["label"], name, "0", "—", "—", "—", "—", "—"])
             else:
                 rows.append([a["label"], name, str(d["count"])]
@@ -161,23 +201,31 @@ def category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _problem_cell(p: dict[str, Any] | None, excluded: dict[str, Any] | None, k: int, device: str | None,
+                  not_measured: str | None) -> str:
+    if p is None:
+        return f"not judged: {excluded['reason']}" if excluded else "—"
+    failing = ", ".join(f"{v}×{n}" for v, n in p["verdicts"].items() if v != "correct")
+    best = "speed not measured" if not_measured else f"best {fmt_arm_speedup(p['best_speedup'], device)}"
+    text = f"{p['correct']}/{p['n']} correct; pass@{k} {fmt_num(p['pass_at_k'])}; {best}"
+    text += f"; {failing}" if failing else ""
+    return text + (f"; left out ({excluded['reason']})" if excluded else "")
+
+
 def problem_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """A row per problem asked or scored, a cell per arm: its samples, or why it was not judged."""
     arms = report.data["arms"]
     k = report.k
     head = ["problem", "category"] + [a["label"] for a in arms]
     by_arm = [{p["problem"]: p for p in a["per_problem"]} for a in arms]
-    names = sorted({name for m in by_arm for name in m})
+    left_out = [{e["problem"]: e for e in (a.get("accounting") or {}).get("excluded", [])} for a in arms]
+    names = sorted({name for m in by_arm for name in m} | {name for m in left_out for name in m})
     rows = []
     for name in names:
-        cat = next(m[name]["category"] for m in by_arm if name in m)
+        cat = next((m[name]["category"] for m in by_arm if name in m), "—")
         cells = [name, cat]
-        for m, device in zip(by_arm, (a["device"] for a in arms), strict=True):
-            p = m.get(name)
-            if p is None:
-                cells.append("—")
-                continue
-            failing = ", ".join(f"{v}×{n}" for v, n in p["verdicts"].items() if v != "correct")
-            cells.append(f"{p['correct']}/{p['n']} correct; pass@{k} {fmt_num(p['pass_at_k'])}; "
-                         f"best {fmt_arm_speedup(p['best_speedup'], device)}" + (f"; {failing}" if failing else ""))
+        for a, m, out in zip(arms, by_arm, left_out, strict=True):
+            cells.append(_problem_cell(m.get(name), out.get(name), k, a["device"],
+                                       a.get("speed", {}).get("not_measured")))
         rows.append(cells)
     return head, rows

@@ -116,8 +116,9 @@ def summarize(arms: Sequence[Arm]) -> list[dict[str, Any]]:
 
 
 def rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    head = ["arm", "finished", "correct (visible shape)", "correct (all shapes)", "held-out failed",
-            "best candidate apart", "best apart correct", "submitted correct there"]
+    head = ["arm", "samples finished", "correct (visible shape)", "correct (all shapes)", "failed a held-out shape",
+            "best candidate was not the submitted one", "that best candidate correct",
+            "the submitted one correct there"]
     body = []
     for arm in report.data.get("trajectories") or []:
         f = arm["final_scoring"]

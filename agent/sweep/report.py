@@ -5,11 +5,14 @@ pooling its seeds: a problem's samples of seed s are numbered after those of the
 is over samples x seeds per problem, and the report's k defaults to that. The pooled run's id is the model's
 label; its config and manifest are its cells' (which must agree on everything but the condition and the
 seed: a sweep resumed on other code, say, is refused unless forced), with `seed` the list of the seeds.
-Search cells are not pooled (each has its own report: `pkb report runs/<sweep>/cells/<id>`).
+Search cells are not pooled (each has its own report: `pkb report runs/<sweep>/cells/<id>`). The pooled run
+asks for every seed and condition the sweep's matrix names for the model, started or not: a cell not run yet
+leaves its problems not judged (the report calls the arm incomplete), never a smaller denominator.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +41,14 @@ def _agree(label: str, runs: list[Run], force: bool) -> None:
                                "seed): were they run on other code or settings? add --force to pool them anyway")
 
 
-def pool(label: str, runs: list[Run], path: Path, *, force: bool = False) -> Run:
-    """One run of `runs` (the cells of one model), samples renumbered by seed (see the module doc)."""
+def pool(label: str, runs: list[Run], path: Path, *, force: bool = False, planned: Planned | None = None) -> Run:
+    """One run of `runs` (the cells of one model), samples renumbered by seed (see the module doc). `planned`:
+    the seeds and conditions the sweep asks of this model, so that a cell not started yet counts as asked (the
+    report then calls the arm incomplete) instead of shrinking the denominator."""
     _agree(label, runs, force)
-    seeds = sorted({int(r.config.get("seed") or 0) for r in runs})
+    seeds = sorted({int(r.config.get("seed") or 0) for r in runs} | set(planned.seeds if planned else ()))
     per_seed = max((r.samples_per_problem or 1) for r in runs)
-    conditions: list[str] = []
+    conditions: list[str] = list(planned.conditions) if planned else []
     samples = []
     for run in runs:
         conditions += [c for c in run.config.get("conditions", []) if c not in conditions]
@@ -58,6 +63,27 @@ def pool(label: str, runs: list[Run], path: Path, *, force: bool = False) -> Run
                config=config, versions=first.versions, prompt_hashes=first.prompt_hashes, topology=first.topology,
                environment=first.environment, manifest=first.manifest,
                samples=sorted(samples, key=lambda s: (s.record.problem, s.record.condition, s.record.sample)))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the sweep's matrix (sweep.json) asks of one model's run cells."""
+
+    seeds: tuple[int, ...]
+    conditions: tuple[str, ...]
+
+
+def planned_cells(path: Path) -> dict[str, Planned]:
+    """Per model label, the seeds and conditions of its run cells in sweep.json, started or not."""
+    seeds: dict[str, list[int]] = {}
+    conditions: dict[str, list[str]] = {}
+    for cell in SweepDir(path).read_header()["cells"]:
+        if not isinstance(cell, dict) or cell.get("kind") != "run":
+            continue
+        model = str(cell.get("model"))
+        seeds.setdefault(model, []).append(int(cell.get("seed") or 0))
+        conditions.setdefault(model, []).append(str(cell.get("condition")))
+    return {m: Planned(tuple(sorted(set(seeds[m]))), tuple(dict.fromkeys(conditions[m]))) for m in seeds}
 
 
 def cell_runs(path: Path) -> dict[str, list[Run]]:
@@ -84,8 +110,9 @@ def cell_runs(path: Path) -> dict[str, list[Run]]:
 def pooled_runs(path: Path, *, force: bool = False) -> list[Run]:
     """One pooled run per model of the sweep (module doc); refuses a sweep with no started run cell."""
     by_model = cell_runs(path)
+    planned = planned_cells(path)
     runs = [run for label, cells in by_model.items() if cells
-            for run in [pool(label, cells, path, force=force)] if run.samples]
+            for run in [pool(label, cells, path, force=force, planned=planned.get(label))] if run.samples]
     if not runs:
         searches = [c for c in SweepDir(path).read_header()["cells"] if isinstance(c, dict)
                     and c.get("kind") == "search"]

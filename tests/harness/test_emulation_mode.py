@@ -3,6 +3,8 @@ the scheduler leases shared GPUs, the CLI checks the option, the report says a r
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import BaseModel
 
@@ -80,7 +82,9 @@ def test_report_says_a_run_is_emulated_and_counts_nothing_fast(tmp_path):
     rep = build([read_run(make_run(tmp_path, device="cuda", world_size=4, ranks_per_gpu=4))])
     assert any("is emulated (4 ranks share each GPU" in note for note in rep.data["notes"])
     for arm in rep.data["arms"]:
-        assert arm["fast_1_at_k"]["mean"] == 0.0 and arm["speedups"] == []
+        # issue 44: not measured is not zero (was: mean 0.0)
+        assert math.isnan(arm["fast_1_at_k"]["mean"]) and arm["speedups"] == []
+        assert arm["fast_1_at_k"]["not_measured"] == "emulated: ranks shared a GPU"
         assert arm["speedups_not_counted"]["flags"].get(flags.EMULATED, 0) == arm["speedups_not_counted"]["samples"] > 0
         assert arm["pass_at_k"]["mean"] > 0  # correctness still counts
     head, rows = run_rows(rep)

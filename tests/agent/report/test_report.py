@@ -19,6 +19,7 @@ from langchain_core.messages import AIMessage
 from agent import cli
 from agent.report import metrics
 from agent.report.build import build
+from agent.report.markdown import to_markdown
 from agent.report.run_reader import RunFormatError, read_run
 from agent.scripted import register_script
 from tests.conftest import CANDIDATES
@@ -88,6 +89,10 @@ def test_html_is_self_contained_and_escaped(run_dir: Path, tmp_path: Path):
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from anywhere
     assert "<script" not in text and HOSTILE not in text
     assert html_escaped(HOSTILE) in text
+    # each scored file once: final.py is a copy of candidates/000.py, named rather than shown twice (issue 46)
+    samples_with_code = sum(1 for c in OUTCOMES.values() for rows in c.values() for v, _, _ in rows if v != "no_code")
+    assert text.count("the same file as <code>candidates/000.py</code> above") == samples_with_code
+    assert text.count(f"return x  # {html_escaped(HOSTILE)}") == samples_with_code
 
 
 def html_escaped(text: str) -> str:
@@ -262,9 +267,10 @@ def test_report_of_a_real_run_markdown_and_json(real_run: Path, tmp_path: Path, 
     text = out.read_text()
     rows = {row[0]: row for row in md_rows(text, "| condition | problems | samples | pass@1 | pass@2 |")}
     assert list(rows) == list(REAL_CONDITIONS)
-    one = "(one problem: no interval)"  # not [0.00, 0.00]: a bootstrap over one problem resamples nothing
-    assert rows["zero-shot"][1:5] == ["1", "2/2", f"0.00 {one}", f"0.00 {one}"]
-    assert rows["agent:compile"][1:5] == ["1", "2/2", f"1.00 {one}", f"1.00 {one}"]
+    # not [0.00, 0.00]: a bootstrap over one problem resamples nothing; said once, not in every cell (issue 46)
+    assert rows["zero-shot"][1:5] == ["1", "2/2", "0.00", "0.00"]
+    assert rows["agent:compile"][1:5] == ["1", "2/2", "1.00", "1.00"]
+    assert text.count("shown without an interval") == 1
     assert rows["agent:compile"][7] == (f"{np.exp(np.mean(np.log(speedups))):.2f}x (CPU: plumbing)" if speedups
                                         else "—")  # geomean, labelled as what a CPU speedup is
     assert "ran on CPU: CPU timings only prove the plumbing" in text
@@ -341,9 +347,9 @@ def test_report_of_a_real_run_renders_in_headless_chromium(real_run: Path, tmp_p
     assert not _console_errors(dom.stderr), _console_errors(dom.stderr)
     rows = html_rows(dom.stdout, "headline-table")
     assert [r[0] for r in rows] == list(REAL_CONDITIONS)
-    one = "(one problem: no interval)"
-    assert rows[0][2:5] == ["2/2", f"0.00 {one}", f"0.00 {one}"]
-    assert rows[1][2:5] == ["2/2", f"1.00 {one}", f"1.00 {one}"]
+    assert rows[0][2:5] == ["2/2", "0.00", "0.00"]  # one problem: no interval, said once under the table
+    assert rows[1][2:5] == ["2/2", "1.00", "1.00"]
+    assert dom.stdout.count("shown without an interval") == 1
     runs = html_rows(dom.stdout, "runs-table")
     assert runs[0][3:5] == ["4/4", "2"]  # the header agrees with the headline: 2/2 + 2/2 samples, 2 per problem
     assert rows[0][8] == rows[1][8] == "n/a"  # cost
@@ -375,5 +381,9 @@ def test_k_1_shows_pass_at_1_once_and_one_problem_has_no_interval(run_dir: Path)
     head, _ = headline_rows(rep)
     assert head.count("pass@1") == 1 and "fast_1@1" in head  # pass@k is pass@1 at k = 1: shown once
     assert [h for h in comparison_rows(rep)[0] if h.startswith("Δ pass@")] == ["Δ pass@1"]
-    assert fmt_interval({"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}) == "0.50 (one problem: no interval)"
+    assert fmt_interval({"mean": 0.5, "low": 0.5, "high": 0.5, "n": 1}) == "0.50"  # the note says why, once
+    # the sequence category has one problem: its cells are bare means, and the report says why once
+    text = to_markdown(rep)
+    assert text.count("shown without an interval") == 1
+    assert [r[1] for r in md_rows(text, "| category |") if r[0] == "sequence"] == ["0.33"]
     assert fmt_interval({"mean": 0.5, "low": 0.25, "high": 0.75, "n": 3}) == "0.50 [0.25, 0.75]"

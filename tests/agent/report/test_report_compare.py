@@ -55,7 +55,7 @@ def test_the_compact_table_in_markdown_and_latex_and_the_matrix_figure(tmp_path:
     # 9 samples of 1500 tokens and $0.01 each; zero-shot solved 2 problems, the agent 3 (tokens 3 x 1200 + 300)
     assert arms["zero-shot"][5:8] == ["2", "$0.0450", "6.8k"]
     assert arms["agent:check+compile"][5:8] == ["3", "$0.0300", "11.7k"]
-    (pair,) = md_rows(text, "| comparison | n |")
+    (pair,) = md_rows(text, "| comparison | problems |")
     assert pair[0] == "agent:check+compile vs zero-shot" and pair[2] == "+0.33 [+0.00, +1.00]" and pair[-1] == "1/0/2"
     assert "![condition matrix](report_figures/matrix.png)" in text
     assert (tmp_path / "report_figures" / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -61,8 +61,14 @@ def test_replayed_code_has_no_known_cost_or_tokens(tmp_path: Path, capsys):
     (arm,) = data["arms"]
     assert arm["usage"]["cost_usd"] is None and arm["usage"]["cost_known"] is False
     assert arm["usage"]["usage_reported"] is False and arm["usage"]["tokens"] == 0
-    (row,) = md_rows(to_markdown(build([read_run(run)])), HEADLINE)
+    rep = build([read_run(run)])
+    (row,) = md_rows(to_markdown(rep), HEADLINE)
     assert row[COST] == row[TOKENS] == "n/a"
+    # one rule for the same run everywhere (issue 46): the compact table and every sample say n/a too, never 0
+    (arm_row,) = md_rows(to_markdown(rep), "| arm | problems |")
+    assert arm_row[6:8] == ["n/a", "n/a"] and data["arms"][0]["per_solved"]["tokens"] is None
+    page = to_html(rep)
+    assert page.count("tokens n/a") == 9 and "tokens 0 in" not in page
 
 
 def test_tokens_a_provider_did_not_report_are_a_lower_bound(tmp_path: Path):
@@ -70,6 +76,8 @@ def test_tokens_a_provider_did_not_report_are_a_lower_bound(tmp_path: Path):
     rows = {r[0]: r for r in md_rows(to_markdown(build([read_run(run)])), HEADLINE)}
     assert rows["zero-shot"][TOKENS] == "≥13.5k"  # 9 samples of 1,500 counted tokens, some replies uncounted
     assert rows["agent:check+compile"][TOKENS] == "35.1k"  # 9 x (3,600 + 300)
+    arms = {r[0]: r for r in md_rows(to_markdown(build([read_run(run)])), "| arm | problems |")}
+    assert arms["zero-shot"][7] == "≥6.8k" and arms["agent:check+compile"][7] == "11.7k"  # per solved, same rule
 
 
 def test_gpu_seconds_only_for_gpu_runs(tmp_path: Path):
