@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent.cli.common import CliError, console, plain
+from agent.cli.common import CliError, check_out_path, console, plain
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,8 +44,10 @@ def records(paths: list[str]) -> Iterator[dict[str, Any]]:
 def cmd_export(args: argparse.Namespace) -> int:
     # Deferred: what the command needs, loaded when it runs (`pkb --help` stays light).
     from agent.report.export import to_jsonl
-    from agent.rundir import write_text_atomic
+    from agent.rundir import write_out_text
 
+    if args.out is not None:
+        check_out_path(args.out)  # a folder, a device, a FIFO nobody reads: said before any run is read
     lines = list(to_jsonl(records(args.runs)))  # every run read (and every error said) before anything is written
     if args.out is None:
         try:
@@ -55,7 +57,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     try:
-        write_text_atomic(Path(args.out), "".join(lines))
+        write_out_text(Path(args.out), "".join(lines))
     except OSError as err:
         raise CliError(f"cannot write {args.out}: {err.strerror or err}") from None
     console.print(plain(f"wrote {args.out} ({len(lines)} samples)"), style=None)

@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.common import CliError, console, plain
-from agent.rundir import write_text_atomic
+from agent.cli.common import CliError, check_out_path, console, plain, terminal_safe
+from agent.rundir import write_out_text
 
 if TYPE_CHECKING:
     from agent.report.run_reader import Run
@@ -77,8 +77,8 @@ def output_format(fmt: str | None, out: str | None) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.k is not None and args.k < 1:
         raise CliError(f"--k must be at least 1, got {args.k}")
-    if args.out and Path(args.out).is_dir():
-        raise CliError(f"--out {args.out} is a directory; give a file name")
+    if args.out:
+        check_out_path(args.out)  # a folder, a device, a FIFO nobody reads: said before any work
     for path in args.runs:  # before the report's imports (the search's pull in the model stack)
         if not Path(path).is_dir():
             raise CliError(f"{path}: no such directory" if not Path(path).exists() else f"{path}: not a directory")
@@ -118,10 +118,10 @@ def cmd_report(args: argparse.Namespace) -> int:
             links = {stem: f"{folder.name}/{path.name}" for stem, path in written.items()}
         text = to_markdown(built, links)
     if out is None:
-        print(text)
+        print(terminal_safe(text))  # candidate text inside a report never steers the terminal
         return 0
     try:
-        write_text_atomic(out, text)  # the mode of an ordinary file (0666 less the umask), not a temp file's 0600
+        write_out_text(out, text)  # a regular file replaced atomically; a link's target written, never the link
     except OSError as err:
         raise CliError(f"cannot write {out}: {err.strerror or err}") from None
     console.print(plain(f"wrote {out} ({fmt}, k={built.k}, {len(built.arms)} condition(s))"))
@@ -147,10 +147,10 @@ def cmd_search_report(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     text = texts[0] if len(texts) == 1 else ("[" + ",".join(texts) + "]" if fmt == "json" else "\n\n".join(texts))
     if out is None:
-        print(text)
+        print(terminal_safe(text))  # candidate text inside a report never steers the terminal
         return 0
     try:
-        write_text_atomic(out, text)
+        write_out_text(out, text)
     except OSError as err:
         raise CliError(f"cannot write {out}: {err.strerror or err}") from None
     console.print(plain(f"wrote {out} ({fmt}, {len(texts)} search run(s))"))

@@ -26,9 +26,10 @@ from agent.model_spec import parse_model_spec
 from agent.model_table import ModelTableError
 from agent.providers import ProviderError, make_chat_model
 from agent.replay import ReplayError, ReplaySet, load_replay
-from agent.report import metrics
+from agent.report import accounting, metrics
 from agent.report.leases import last_pass_summary
-from agent.rundir import RunDir, write_json_atomic
+from agent.report.summary import run_summary
+from agent.rundir import RunDir, read_json, write_json_atomic
 from agent.runner import (
     RunConfig,
     RunError,
@@ -368,14 +369,18 @@ def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1)
     by_condition: dict[str, list[dict[str, Any]]] = {}
     for r in summary.records:
         by_condition.setdefault(r["condition"], []).append(r)
+    config = dict((read_json(run_dir.run_json) or {}).get("config") or {})
     for condition, records in by_condition.items():
         tokens = sum(int(r["usage"]["input_tokens"]) + int(r["usage"]["output_tokens"]) for r in records)
+        unmeasured = accounting.speed_not_measured(records, {**config, "ranks_per_gpu": ranks_per_gpu})
         table.add_row(plain(condition), str(len(records)), str(sum(r["correct"] for r in records)),
-                      str(sum(_fast(r) for r in records)),
+                      "—" if unmeasured else str(sum(_fast(r) for r in records)),
                       str(sum(r["verdict"] == "no_code" for r in records)),
                       str(sum(r["verdict"] == "infra_error" for r in records)), f"{tokens:,}",
                       _cost_cell(records))
     console.print(table)
+    for line in run_summary(run_dir.path):  # what the report will say first: problems not judged, speed not measured
+        console.print(plain(line))
     for condition, records in by_condition.items():
         if (why := not_fast(records)) is not None:
             console.print(plain(f"{condition}: {why}"))

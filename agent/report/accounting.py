@@ -17,7 +17,6 @@ any number. Pure (no I/O): it reads sample records and their result.json as agen
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ from typing import Any
 
 from harness.common import failures
 from harness.common.flags import is_emulated
+from harness.common.terminal import terminal_safe
 
 # Why fast_p and speedups were not measured (shown beside every "—" that stands for them).
 EMULATED_REASON = "emulated: ranks shared a GPU"
@@ -37,27 +37,12 @@ NOT_STARTED = "not_started"  # the failure class of an asked sample that has no 
 UNFINISHED = "unfinished"  # sample.json says "running": a provider outage or a run stopped mid-way
 MESSAGE_CHARS = 240  # an export's `message`: the first line, at most this long
 
-# A short cause per infra_error (harness.common.failures.INFRA_CAUSES names them; the message says more).
-CAUSE_TEXT = {
-    "environment": "environment: missing package",
-    "sandbox": "sandbox failed to start",
-    "launch": "rank pool did not start",
-    "reference": "reference failed",
-    "emulation": "refused by the emulation",
-    "harness": "harness failed",
-    "executor": "executor lost the evaluation",
-}
-
-
 # -- one sample ---------------------------------------------------------------------------------------
-# Terminal escape sequences (CSI and OSC), removed whole: dropping only their ESC would leave "[31m" behind.
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x9b[0-?]*[ -/]*[@-~]")
-
-
 def clean_line(text: Any, limit: int = MESSAGE_CHARS) -> str:
-    """The first non-empty line of `text`, without control or format characters (terminal escapes, bidi
-    overrides: a candidate's error text reaches terminals and tables), at most `limit` characters."""
-    for line in _ESCAPES.sub("", str(text or "")).splitlines():
+    """The first non-empty line of `text`, without what a terminal would obey (harness.common.terminal) or any
+    other control or format character (a candidate's error text reaches terminals and tables), at most `limit`
+    characters."""
+    for line in terminal_safe(str(text or "")).splitlines():
         kept = "".join(" " if ch == "\t" else ch for ch in line
                        if ch == "\t" or not unicodedata.category(ch).startswith("C"))
         kept = " ".join(kept.split())
@@ -72,7 +57,7 @@ def _failure(result: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def infra_cause(record: Mapping[str, Any], result: Mapping[str, Any] | None) -> str | None:
-    """A short cause of an infra_error sample ("multicast (refused)", "sandbox failed to start", "needs CUDA"),
+    """A short cause of an infra_error sample ("multicast (refused)", "sandbox failed to start", "needs a CUDA device"),
     None for any other verdict."""
     if record.get("verdict") != failures.INFRA_ERROR:
         return None
@@ -91,12 +76,12 @@ def infra_cause(record: Mapping[str, Any], result: Mapping[str, Any] | None) -> 
                 return text
     if cause == "environment":
         if "needs cuda" in lowered:
-            return "needs CUDA"
+            return failures.NEEDS_CUDA_LABEL
         package = lowered.split("needs the package ", 1)
         if len(package) == 2 and package[1].split():
             return f"needs package {clean_line(package[1].split()[0].rstrip(','), 60)}"
-    if cause in CAUSE_TEXT:
-        return CAUSE_TEXT[cause]
+    if cause in failures.INFRA_CAUSE_LABELS:
+        return failures.INFRA_CAUSE_LABELS[cause]
     return clean_line(message, 60) or "cause not recorded"
 
 

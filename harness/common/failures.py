@@ -28,6 +28,17 @@ INFRA_CAUSES = {
     "harness": "the harness failed before any candidate code or artifact was involved",
     "executor": "the executor lost the evaluation (a Ray worker or node died; retries ran out)",
 }
+# The same causes in a reader's words (reports, exports, the console), beside the recorded cause.
+INFRA_CAUSE_LABELS = {
+    "environment": "environment: missing package",
+    "sandbox": "sandbox failed to start",
+    "launch": "rank pool did not start",
+    "reference": "reference failed",
+    "emulation": "refused by the emulation",
+    "harness": "harness failed",
+    "executor": "executor lost the evaluation",
+}
+NEEDS_CUDA_LABEL = "needs a CUDA device: run with --device cuda on a GPU machine"
 # Causes that the same request meets again on this machine: trying again only holds the devices longer (a
 # multicast refusal was tried three times, about a minute of the only GPU each: one H200, 2026-12-02).
 LASTING_INFRA_CAUSES = frozenset({"environment", "sandbox", "emulation"})

@@ -117,3 +117,25 @@ def test_out_through_a_link_writes_the_target(tmp_path: Path):
     link.symlink_to(target)
     write_out_text(link, '{"new": 1}')
     assert link.is_symlink() and target.read_text() == '{"new": 1}'
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a character device needs root")
+@pytest.mark.parametrize("command", ["report", "export"])
+def test_report_and_export_out_write_through_a_null_device_and_a_link(tmp_path: Path, command: str):
+    """`pkb report --out` and `pkb export --out` as root: a character device with /dev/null's numbers stays that
+    device (it once became a regular file), and an --out that is a link writes its target, keeping the link."""
+    from agent.cli import main
+    from tests.report_support import make_run
+
+    run = make_run(tmp_path)
+    device = tmp_path / "null"
+    os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    assert main([command, str(run), "--out", str(device)]) == 0
+    assert stat.S_ISCHR(os.lstat(device).st_mode)
+    target = tmp_path / "target.txt"
+    target.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    assert main([command, str(run), "--out", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() != "old" and target.read_text().strip()

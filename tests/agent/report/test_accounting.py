@@ -20,6 +20,7 @@ from agent.report.markdown import to_markdown
 from agent.report.paper import to_latex
 from agent.report.run_reader import read_run
 from agent.report.summary import run_summary
+from harness.common import failures
 from tests.report_support import (
     MULTICAST_FAILURE,
     OUTCOMES,
@@ -152,7 +153,7 @@ def test_the_failure_message_is_one_clean_line():
     (MULTICAST_FAILURE, "multicast (refused)"),
     (SANDBOX_FAILURE, "sandbox failed to start"),
     ({"infra_cause": "environment", "message": "the candidate needs CUDA (line 3: import cupy), and this evaluation "
-                                               "runs on CPU"}, "needs CUDA"),
+                                               "runs on CPU"}, failures.NEEDS_CUDA_LABEL),
     ({"infra_cause": "environment", "message": "the reference needs the package triton, which is not installed "
                                                "here (line 1: import triton)"}, "needs package triton"),
     ({"infra_cause": "executor", "message": "Ray worker died"}, "executor lost the evaluation"),
