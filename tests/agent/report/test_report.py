@@ -163,7 +163,7 @@ def test_bad_inputs_exit_2_with_one_line(run_dir: Path, tmp_path: Path, capsys):
     assert "is given twice" in _one_line_error(capsys)
 
     assert pkb(["report", str(run_dir), "--out", str(tmp_path)]) == 2
-    assert "is a directory" in _one_line_error(capsys)
+    assert "is a folder; --out writes a regular file" in _one_line_error(capsys)
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     assert pkb(["report", str(run_dir), "--out", str(blocked / "report.html")]) == 2
