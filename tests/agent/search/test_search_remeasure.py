@@ -281,18 +281,18 @@ def test_a_cpu_search_prints_in_search_and_re_measured_figures_and_rescore_agree
     monkeypatch.setenv("COLUMNS", "200")
     runs = tmp_path / "runs"
     assert main(["search", "--model", "scripted:mutator:syntax=0,wrong=0,hang=0,runtime=0,collective=0,no_code=0",
-                 "--problems", "all_reduce", "all_gather", "--budget-candidates", "4", "--window", "1",
-                 "--trials", "2", "--remeasure", "3", "--remeasure-top", "1", "--phase-timeout", "60",
+                 "--problems", "all_reduce", "all_gather", "--budget-candidates", "2", "--window", "1",
+                 "--trials", "2", "--remeasure", "2", "--remeasure-top", "1", "--phase-timeout", "60",
                  "--runs-dir", str(runs), "--run-id", "cpu", "--no-live"]) == 0
     out = capsys.readouterr().out
     figure = r"\d[\d.]*x"
-    interval = rf"re-measured {figure} \[{figure}-{figure}, 75% CI of the median, k=3\] \(CPU: plumbing only\)"
+    interval = rf"re-measured {figure} \[{figure}-{figure}, 50% CI of the median, k=2\] \(CPU: plumbing only\)"
     for name in ("all_reduce", "all_gather"):
         line = next(x for x in out.splitlines() if x.startswith(f"{name}: #"))
         assert re.search(rf"in-search {figure}; {interval}", line), line
     with Archive(runs / "cpu" / "archive.sqlite") as a:
         rounds = a.rescores()
-    assert len(rounds) == 2 * 3 and all(r.record and r.record["held_out"] for r in rounds)
+    assert len(rounds) == 2 * 2 and all(r.record and r.record["held_out"] for r in rounds)
     assert main(["rescore", str(runs / "cpu")]) == 0
     out = capsys.readouterr().out
     for name in ("all_reduce", "all_gather"):
