@@ -240,8 +240,7 @@ def remeasure(problem: Problem, path: Path, *, evaluate: EvaluateFn, config: Eva
               world_size: int, device: str, shape: str,
               held_out_seed: Callable[[int, int], int] = final_scoring.held_out_seed,
               done: Mapping[int, Round] | None = None,
-              on_round: Callable[[Round, EvalResult], None] | None = None,
-              stop_on_untrusted: bool = True, log: Any = None) -> Remeasurement:
+              on_round: Callable[[Round, EvalResult], None] | None = None, log: Any = None) -> Remeasurement:
     """`path` re-measured: one round per seed in `seeds` (k = len(seeds)); rounds in `done` (by seed) are kept,
     not run again (a re-measurement killed half way goes on); `on_round` gets each new round as it ends, with
     its visible EvalResult, to store it. After a round that is not trusted the rest are skipped: the kernel
@@ -256,6 +255,6 @@ def remeasure(problem: Problem, path: Path, *, evaluate: EvaluateFn, config: Eva
             if on_round is not None:
                 on_round(found, result)
         out.rounds.append(found)
-        if stop_on_untrusted and not found.trusted:
+        if not found.trusted:
             break
     return out

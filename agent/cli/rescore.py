@@ -86,7 +86,7 @@ def _rescore_search(args: argparse.Namespace) -> int:
     except SearchError as err:
         raise CliError(str(err)) from None
     evaluate, _ = evaluator_from(args.evaluator)
-    if evaluate is None:
+    if evaluate is None:  # this node's devices, in the scheduler's leases (LocalExecutor holds nothing to close)
         evaluate = as_evaluate(LocalExecutor(scheduler_for(config.device, config.world_size, "local",
                                                            config.ranks_per_gpu)))
     problems = {p.name: p for p in resolve_source(config.source)}

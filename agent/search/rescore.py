@@ -75,7 +75,10 @@ def _done(stored: dict[str, Any], problem: str, candidate: int, seeds: list[int]
     if not isinstance(entry, dict) or entry.get("candidate") != candidate:
         return {}
     rounds = (entry.get("rescore") or {}).get("rounds") or []
-    found = [Round.from_record(r) for r in rounds if isinstance(r, dict)]
+    try:
+        found = [Round.from_record(r) for r in rounds if isinstance(r, dict)]
+    except TypeError:  # a file this version did not write: measure again
+        return {}
     return {r.seed: r for r in found if r.seed in seeds}
 
 
