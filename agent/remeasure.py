@@ -170,14 +170,16 @@ class Remeasurement:
         """'1.41x [1.30-1.55x, 75% CI of the median, k=3]', or why there is no figure."""
         if not self.rounds:
             return "not re-measured"
-        failed = [r for r in self.rounds if not r.trusted]
-        if failed:
-            r = failed[0]
-            why = r.verdict if not r.correct else "flagged " + ",".join(sorted(set(r.flags) & SPEEDUP_DISQUALIFIERS))
-            return f"not confirmed (seed {r.seed}: {why})"
+        wrong = [r for r in self.rounds if not r.correct]
+        if wrong:
+            return f"not confirmed (seed {wrong[0].seed}: {wrong[0].verdict})"
         interval = self.interval
-        if interval is None:
+        if interval is None:  # correct on every round, but emulated or untimed: no speedup to give
             return f"{NOT_MEASURED} ({WHAT[self.timing]})"
+        flagged = [r for r in self.rounds if not r.trusted]
+        if flagged:
+            flags = ",".join(sorted(set(flagged[0].flags) & SPEEDUP_DISQUALIFIERS)) or "untrusted"
+            return f"not confirmed (seed {flagged[0].seed}: flagged {flags})"
         return interval.text() + (" (CPU: plumbing only)" if self.timing == CPU else "")
 
     def record(self) -> dict[str, Any]:

@@ -186,7 +186,8 @@ def test_an_emulated_or_untimed_re_measurement_has_no_speedup() -> None:
 
     measured = Remeasurement(k=1, rounds=[round_(EMULATED, None)])
     assert measured.interval is None and measured.record()["speedup"] is None
-    assert "0x" not in measured.text() and measured.record()["timing"] == EMULATED
+    assert measured.text() == "not measured (emulated ranks: checked, no speedup)"
+    assert measured.record()["timing"] == EMULATED and not measured.confirmed
 
 
 def test_the_interval_is_an_order_statistic_interval_of_the_median() -> None:
