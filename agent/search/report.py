@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agent.search import rescore
 from agent.search.archive import Archive, Candidate
 from agent.search.layout import SearchDir, is_search_dir, load_config
 from agent.search.loop import search_stop_reason
@@ -102,13 +103,15 @@ def build(path: Path) -> dict[str, Any]:
         series = timeline(archive)
         stop_reason = search_stop_reason(archive)
         sessions = archive.sessions()
+    rescored = rescore.stored(directory)  # `pkb rescore RUN`, where it ran
     problems = []
     for row in rows:
         shown = row.reported.candidate if row.reported else row.best
         chain = lineage({k: v for k, v in every.items() if v.problem == row.problem}, shown) if shown else []
         for step in chain:
             step["note"] = _short(notes.get(step["id"], ""))
-        problems.append(_problem(row, chain, every))
+        problems.append({**_problem(row, chain, every),
+                         "rescore": rescore.rescore_text(rescored.get(row.problem) or {})})
     spent = {"candidates": stats["candidates"], "gpu_hours": stats["device_s"] / 3600.0,
              "cost_usd": sum(p["cost_usd"] for p in problems), "tokens": sum(p["tokens"] for p in problems),
              "wall_hours": stats["wall_s"] / 3600.0}
@@ -273,6 +276,8 @@ def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
         if p["rescore_failed"]:
             out.append("Fast on the search's seed but not confirmed on fresh seeds: "
                        + ", ".join(f"#{i}" for i in p["rescore_failed"]) + ".")
+        if p["rescore"]:
+            out.append(f"`pkb rescore`: {p['rescore']}.")
         if p["remeasured"]:
             out += ["", "Re-measured (the reported one is the best by its re-measured median):", "",
                     "| kernel | in-search | re-measured | seeds |", "|---|---|---|---|",
@@ -313,6 +318,8 @@ def to_html(report: dict[str, Any]) -> str:
         if p["rescore_failed"]:
             part.append("<p>not confirmed on fresh seeds: " + esc(", ".join(f"#{i}" for i in p["rescore_failed"]))
                         + "</p>")
+        if p["rescore"]:
+            part.append(f"<p><code>pkb rescore</code>: {esc(p['rescore'])}</p>")
         if p["remeasured"]:
             part.append("<h3>re-measured (the reported one is the best by its re-measured median)</h3><table><tr>"
                         "<th>kernel</th><th>in-search</th><th>re-measured</th><th>seeds</th></tr>"

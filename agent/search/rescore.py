@@ -63,15 +63,16 @@ class Rescored:
                 "rescore": self.rescore.record() if self.rescore else None, "agree": self.agree, "note": self.note}
 
 
-def _stored(directory: SearchDir) -> dict[str, Any]:
+def stored(directory: SearchDir) -> dict[str, Any]:
+    """What the last `pkb rescore` of the search wrote, by problem (Rescored.record); {} where none ran."""
     data = read_json(directory.rescored)
     found = data.get("problems") if isinstance(data, dict) and data.get("schema") == SCHEMA else None
     return dict(found) if isinstance(found, dict) else {}
 
 
-def _done(stored: dict[str, Any], problem: str, candidate: int, seeds: list[int]) -> dict[int, Round]:
+def _done(before: dict[str, Any], problem: str, candidate: int, seeds: list[int]) -> dict[int, Round]:
     """The rounds of an earlier (or killed) rescore of the same kernel on the same seeds."""
-    entry = stored.get(problem)
+    entry = before.get(problem)
     if not isinstance(entry, dict) or entry.get("candidate") != candidate:
         return {}
     rounds = (entry.get("rescore") or {}).get("rounds") or []
@@ -90,7 +91,7 @@ def rescore_search(directory: SearchDir, problems: dict[str, Problem], evaluate:
     seeds = remeasure_seeds(config, CLI_REMEASURE, k)
     with Archive(directory.archive) as archive:
         rows = problem_rows(archive, config.problems, config.remeasure, config.device)
-    stored = _stored(directory)
+    before = stored(directory)
     lock = threading.Lock()
     out = {row.problem: Rescored(row.problem) for row in rows}
 
@@ -112,7 +113,7 @@ def rescore_search(directory: SearchDir, problems: dict[str, Problem], evaluate:
         c = reported.candidate
         assert c.source is not None  # a trusted candidate was evaluated: it has a source
         entry.candidate, entry.in_search, entry.search = c.id, c.speedup, reported.remeasured
-        done = _done(stored, row.problem, c.id, seeds)
+        done = _done(before, row.problem, c.id, seeds)
         entry.rescore = Remeasurement(k=len(seeds), rounds=list(done.values()))  # saved as rounds end
 
         def on_round(found: Round, result: EvalResult) -> None:
@@ -136,3 +137,11 @@ def rescore_search(directory: SearchDir, problems: dict[str, Problem], evaluate:
     with lock:
         save()
     return list(out.values())
+
+
+def rescore_text(record: dict[str, Any]) -> str | None:
+    """A stored problem's rescore for a report: its figure and whether it agrees with the search's."""
+    rescore = record.get("rescore")
+    if not isinstance(rescore, dict) or not rescore.get("text"):
+        return None
+    return f"{rescore['text']}: {AGREEMENT.get(record.get('agree'), AGREEMENT[None])}"

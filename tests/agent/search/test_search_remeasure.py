@@ -232,6 +232,7 @@ def test_rescore_and_the_search_call_the_same_function_with_records_of_the_same_
         assert not set(mine["seeds"]) & set(theirs["seeds"])  # fresh seeds again
     stored = json.loads(directory.rescored.read_text())
     assert set(stored["problems"]) == set(PROBLEMS)
+    assert all(p["rescore"].endswith("agree (intervals overlap)") for p in report.build(directory.path)["problems"])
     # through the CLI: the stored rounds are read back, nothing is measured again
     assert main(["rescore", str(directory.path), "--evaluator", "tests.search_fakes"]) == 0
     assert len(calls) == from_search + 4 and all(c.endswith(".py") for c in calls)
