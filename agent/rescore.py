@@ -3,9 +3,12 @@
 The tools' verdicts are what the agent knew, on the tools' seed and the visible shape. To draw how a sample
 really improved turn by turn, each distinct candidate file (by sha256, within a sample) is scored the way
 the final scoring scores the submitted file: the visible shape on scoring_seed(seed), then, if correct, the
-problem's held-out shapes on their own seeds (agent.graph.score_file, score_held_out). The answers go into
-the sample's rescored.json, written after each candidate, so a killed rescore continues where it stopped;
-agent.report.trajectories draws them beside the tools' evidence.
+problem's held-out shapes on their own seeds. It is one round of agent.remeasure, the function the search's
+re-measurement and `pkb rescore` of a search run (agent.search.rescore) call too, so every rescored figure
+is measured one way: a fresh bench (the reference timed beside it), and what the timing was worth said
+(`timing`; an emulated one has no speedup). The answers go into the sample's rescored.json, written after
+each candidate, so a killed rescore continues where it stopped; agent.report.trajectories draws them
+beside the tools' evidence.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import final_scoring
-from agent.graph import score_file, score_held_out
+from agent import final_scoring, remeasure
+from agent.executors.interface import as_evaluate
+from agent.executors.local import LocalExecutor
+from agent.graph import scoring_seed
+from agent.remeasure import EvaluateFn
 from agent.rundir import FINISHED, RunDir, read_json, write_json_atomic
 from agent.runner import RunConfig
 from agent.scheduler import DeviceScheduler
@@ -42,7 +48,7 @@ def _sample_dirs(run: RunDir) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/*/sample.json")) if root.is_dir() else []
 
 
-def rescore_sample(folder: Path, problem: Problem, config: RunConfig, scheduler: DeviceScheduler,
+def rescore_sample(folder: Path, problem: Problem, config: RunConfig, evaluate: EvaluateFn,
                    summary: RescoreSummary, lock: threading.Lock,
                    progress: Callable[[str], None] | None = None) -> None:
     path = folder / RESCORED_FILE
@@ -62,15 +68,15 @@ def rescore_sample(folder: Path, problem: Problem, config: RunConfig, scheduler:
             with lock:
                 summary.reused += 1
             continue
-        scored = score_file(problem, file, config=eval_config, scheduler=scheduler, world_size=config.world_size,
-                            device=config.device, shape=config.shape, log_dir=None)
-        held = score_held_out(problem, file, scored.result, config=eval_config, scheduler=scheduler,
-                              world_size=config.world_size, device=config.device, shape=config.shape)
-        result = scored.result.model_dump(mode="json")
-        overall = final_scoring.combined(result, [h.summary for h in held])
-        entry = {"path": rel, "sha256": sha, **overall, "speedup": result.get("speedup"),
-                 "fast_eligible": bool(result.get("fast_eligible", True)) and not result.get("emulated", False),
-                 "seed": result.get("seed"), "held_out": [h.summary for h in held]}
+        measured = remeasure.remeasure(
+            problem, file, evaluate=evaluate, config=eval_config, seeds=[scoring_seed(eval_config.seed)],
+            world_size=config.world_size, device=config.device, shape=config.shape,
+            held_out_seed=lambda _seed, i: final_scoring.held_out_seed(eval_config.seed, i))
+        r = measured.rounds[0]
+        entry = {"path": rel, "sha256": sha, "correct": r.correct, "correct_visible": r.correct_visible,
+                 "held_out_correct": r.held_out_correct, "verdict": r.verdict, "speedup": r.speedup,
+                 "fast_eligible": r.fast_eligible, "timing": r.timing, "seed": r.seed, "held_out": r.held_out,
+                 "remeasured": measured.record()}
         done[rel] = by_sha[sha] = entry
         write_json_atomic(path, {"scorer": "final (visible shape on the scoring seed, then held-out shapes)",
                                  "candidates": done})
@@ -88,6 +94,7 @@ def rescore_run(run: RunDir, config: RunConfig, problems: dict[str, Problem], *,
     """Every finished sample's distinct candidates, scored by the final scorer (module docstring)."""
     summary = RescoreSummary()
     scheduler = scheduler or DeviceScheduler(config.device, config.world_size, ranks_per_gpu=config.ranks_per_gpu)
+    evaluate = as_evaluate(LocalExecutor(scheduler))
     lock = threading.Lock()
     jobs = []
     for folder in _sample_dirs(run):
@@ -101,6 +108,6 @@ def rescore_run(run: RunDir, config: RunConfig, problems: dict[str, Problem], *,
         summary.samples += 1
         jobs.append((folder, problem))
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for future in [pool.submit(rescore_sample, f, p, config, scheduler, summary, lock, progress) for f, p in jobs]:
+        for future in [pool.submit(rescore_sample, f, p, config, evaluate, summary, lock, progress) for f, p in jobs]:
             future.result()
     return summary

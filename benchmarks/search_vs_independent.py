@@ -61,7 +61,7 @@ def run_one(directory: SearchDir, config: SearchConfig, evaluator: Any) -> dict[
                     evaluate=getattr(evaluator, "evaluate", None), bound=getattr(evaluator, "bound", None))
     summary = search.run()
     with Archive(directory.archive) as archive:
-        rows = problem_rows(archive, config.problems, config.rescore_seeds)
+        rows = problem_rows(archive, config.problems, config.remeasure, config.device)
         stats = throughput(archive, config.world_size)
     return {
         "stop_reason": summary.stop_reason, "seconds_this_call": time.perf_counter() - started,

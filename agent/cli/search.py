@@ -49,8 +49,8 @@ CONFIG_OPTIONS = (
     ("--problem-candidates", "problem_candidates"), ("--problem-gpu-hours", "problem_gpu_hours"),
     ("--problem-cost", "problem_cost"), ("--problem-tokens", "problem_tokens"), ("--problem-hours", "problem_hours"),
     ("--target-fraction", "target_fraction"), ("--target-speedup", "target_speedup"), ("--patience", "patience"),
-    ("--min-gain", "min_gain"), ("--rescore-seeds", "rescore_seeds"),
-    ("--rescore-candidates", "rescore_candidates"), ("--keep-logs", "keep_logs"),
+    ("--min-gain", "min_gain"), ("--remeasure", "remeasure"),
+    ("--remeasure-top", "remeasure_top"), ("--keep-logs", "keep_logs"),
     ("--base-url", "base_url"), ("--api-key-env", "api_key_env"), ("--prices", "prices"),
     ("--temperature", "temperature"), ("--max-reply-tokens", "max_reply_tokens"), ("--no-guide", "no_guide"),
 )
@@ -116,8 +116,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     limits.add_argument("--patience", type=int,
                         help="stop a problem after N candidates without improvement (default: no limit)")
     limits.add_argument("--min-gain", type=float, help="relative gain that counts as improvement (default 0.02)")
-    limits.add_argument("--rescore-seeds", type=int, help="fresh seeds each best kernel is re-scored on (default 2)")
-    limits.add_argument("--rescore-candidates", type=int, help="best kernels re-scored per problem (default 3)")
+    # --rescore-seeds and --rescore-candidates: their names until 2026-12-06 (a sweep file may still use them)
+    limits.add_argument("--remeasure", "--rescore-seeds", dest="remeasure", type=int, metavar="K",
+                        help="at the end, each top kernel is evaluated afresh K times (fresh seeds, the reference "
+                             "timed beside it, the held-out shapes checked); reported: median and interval "
+                             "(default 3)")
+    limits.add_argument("--remeasure-top", "--rescore-candidates", dest="remeasure_top", type=int, metavar="N",
+                        help="the N best distinct kernels by the search's own figure are re-measured per problem; "
+                             "the best by re-measured median is reported (default 3)")
     model = p.add_argument_group("model")
     model.add_argument("--base-url", help="an OpenAI-compatible server (default: the provider's API)")
     model.add_argument("--api-key-env", help="the environment variable holding the API key (default: the "
@@ -164,8 +170,8 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL or scripted:mutator)")
     device = args.device or "cpu"
     positive = {"--trials": args.trials, "--window": args.window, "--islands": args.islands,
-                "--world-size": args.world_size, "--rescore-seeds": args.rescore_seeds,
-                "--rescore-candidates": args.rescore_candidates, "--proposer-turns": args.proposer_turns,
+                "--world-size": args.world_size, "--remeasure": args.remeasure,
+                "--remeasure-top": args.remeasure_top, "--proposer-turns": args.proposer_turns,
                 "--ranks-per-gpu": args.ranks_per_gpu}
     for option, value in positive.items():
         if value is not None and value < 1:
@@ -191,7 +197,7 @@ def config_from_args(args: argparse.Namespace, problems: list[str], capacity: in
                                                  "target_speedup": args.target_speedup, "patience": args.patience,
                                                  "min_gain": args.min_gain}.items() if v is not None}),
             window=_pick(args.window, 2 * capacity + 1), warmup=_pick(args.warmup, 2),
-            rescore_seeds=_pick(args.rescore_seeds, 2), rescore_candidates=_pick(args.rescore_candidates, 3),
+            remeasure=_pick(args.remeasure, 3), remeasure_top=_pick(args.remeasure_top, 3),
             keep_logs=bool(args.keep_logs), base_url=args.base_url,
             api_key_env=args.api_key_env, prices=str(Path(args.prices).resolve()) if args.prices else None,
             temperature=args.temperature, max_reply_tokens=args.max_reply_tokens,
@@ -231,7 +237,7 @@ def _prices(config: SearchConfig) -> PriceTable:
     return prices
 
 
-def _scheduler(device: str, world_size: int, executor: str, ranks_per_gpu: int = 1) -> DeviceScheduler | None:
+def scheduler_for(device: str, world_size: int, executor: str, ranks_per_gpu: int = 1) -> DeviceScheduler | None:
     from agent.scheduler import DeviceScheduler, SchedulerError  # torch's device count: when it runs
 
     emulation.check(device, world_size, ranks_per_gpu)
@@ -251,7 +257,7 @@ def _scheduler(device: str, world_size: int, executor: str, ranks_per_gpu: int =
         raise CliError(str(err)) from None
 
 
-def _evaluator(name: str | None) -> tuple[Any, Any]:
+def evaluator_from(name: str | None) -> tuple[Any, Any]:
     if not name:
         return None, None
     try:
@@ -299,8 +305,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         shape = args.shape or ("default" if device == "cuda" else "small")
         ranks_per_gpu = _pick(args.ranks_per_gpu, 1)
         problems, skipped = _problems(args.source, args.problems, world_size, shape)
-    evaluate, bound = _evaluator(args.evaluator)
-    scheduler = _scheduler(device, world_size, args.executor, ranks_per_gpu)
+    evaluate, bound = evaluator_from(args.evaluator)
+    scheduler = scheduler_for(device, world_size, args.executor, ranks_per_gpu)
     executor = executor_from_args(args, device=device, world_size=world_size, scheduler=scheduler)
     interrupted: KeyboardInterrupt | None = None
     try:

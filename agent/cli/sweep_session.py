@@ -258,7 +258,7 @@ def _search_done(folder: Path) -> str | None:
         events = folder / "events.jsonl"
         finished = events.is_file() and '"search_finished"' in events.read_text(errors="replace")
         reason = search_stop_reason(archive)
-        rows = problem_rows(archive, config.problems, config.rescore_seeds)
+        rows = problem_rows(archive, config.problems, config.remeasure, config.device)
     if not finished or reason in RESUMABLE_SEARCH:
         return None
     found = "; ".join(f"{r.problem} {r.correct}/{r.evaluated} correct, reported "

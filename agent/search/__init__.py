@@ -9,11 +9,13 @@ One module per concern, pointing down (loop -> proposer, scoring, strategies, bu
     budget      what was spent, which limit that reaches, which problem gets the next candidate
     stopping    why a problem or the search stops
     proposer    the prompt of one candidate and the model call
-    scoring     the harness side: the roofline bound, one evaluation, what the archive keeps of it
-    loop        decide, propose, evaluate, record; overlap; resume; rescoring on fresh seeds
+    scoring     the harness side: the roofline bound, one evaluation, a re-measurement (agent.remeasure), what
+                the archive keeps of them
+    loop        decide, propose, evaluate, record; overlap; resume; the re-measurement of the top kernels
     summary     what the archive says so far (per problem, over time, throughput)
     live        the terminal table and the self-refreshing HTML page
     report      the morning report (`pkb report RUN` on a search run)
+    rescore     `pkb rescore RUN` on a search run: each problem's reported kernel re-measured once more
     mutator     the stochastic scripted model (edits of real kernels, failures mixed in)
     tunables    the tunable sites of a kernel's source
     cpu_kernels CPU-runnable kernel families the scripted model edits on CPU

@@ -15,10 +15,11 @@ written in three steps, each recorded as it happens:
                resource, flags, trusted, GPU seconds, stage seconds, the whole EvalResult)
 
 `trusted`: correct, timed, and free of the integrity flags that void a speedup (harness.common.flags). Only trusted
-candidates are ever parents, and the best trusted candidate of each problem is re-scored on fresh seeds
-(table `rescores`) before a report names it. `stops` holds why each problem stopped; `island_members`
-the migrations between islands; `bounds` each problem's roofline bound; `sessions` each start of the
-search process (for the wall-clock budget, which does not count the time a killed search lay dead).
+candidates are ever parents, and the best trusted candidates of each problem are re-measured on fresh seeds
+and the held-out shapes (table `rescores`: one row per round of agent.remeasure) before a report names one.
+`stops` holds why each problem stopped; `island_members` the migrations between islands; `bounds` each
+problem's roofline bound; `sessions` each start of the search process (for the wall-clock budget, which
+does not count the time a killed search lay dead).
 
 `canonical()` is the archive without what depends on the clock (timestamps, seconds, stage times): two
 searches with the same seed, the same model and a deterministic evaluator have equal canonical archives,
@@ -123,6 +124,7 @@ CREATE TABLE IF NOT EXISTS rescores (
     eval_s REAL,
     result TEXT,
     at TEXT,
+    record TEXT,
     PRIMARY KEY (problem, candidate, seed)
 );
 CREATE TABLE IF NOT EXISTS bounds (
@@ -145,7 +147,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 _CLOCK_COLUMNS = frozenset({"decided_at", "proposed_at", "evaluated_at", "model_s", "stages", "eval_s", "elapsed_s",
                             "result", "path", "gpu_s", "proposer_gpu_s", "at"})
 # Columns added after the first archives were written: an older archive gets them (NULL) when it is opened.
-_ADDED_COLUMNS = (("candidates", "proposer_gpu_s", "REAL"), ("candidates", "tool_calls", "TEXT"))
+_ADDED_COLUMNS = (("candidates", "proposer_gpu_s", "REAL"), ("candidates", "tool_calls", "TEXT"),
+                  ("rescores", "record", "TEXT"))
 
 
 def now() -> str:
@@ -218,6 +221,9 @@ class Rescore:
     flags: list[str]
     trusted: bool
     gpu_s: float = 0.0
+    # The whole round of agent.remeasure (held-out shapes, what the timing was), less its clock fields; None in
+    # an archive written before rounds were kept.
+    record: dict[str, Any] | None = None
 
 
 class _Redacting:
@@ -400,17 +406,19 @@ class Archive:
     def add_rescore(self, r: Rescore, *, eval_s: float, result: str | None) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO rescores (problem, candidate, seed, verdict, correct, speedup, "
-                       "roofline_fraction, flags, trusted, gpu_s, eval_s, result, at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       "roofline_fraction, flags, trusted, gpu_s, eval_s, result, at, record) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (r.problem, r.candidate, r.seed, r.verdict, int(r.correct), r.speedup, r.roofline_fraction,
-                        json.dumps(sorted(r.flags)), int(r.trusted), r.gpu_s, eval_s, result, now()))
+                        json.dumps(sorted(r.flags)), int(r.trusted), r.gpu_s, eval_s, result, now(),
+                        None if r.record is None else json.dumps(r.record, sort_keys=True)))
 
     def rescores(self, problem: str | None = None) -> list[Rescore]:
         sql, args = "SELECT * FROM rescores", list[Any]()
         if problem is not None:
             sql, args = sql + " WHERE problem = ?", [problem]
         return [Rescore(r["problem"], r["candidate"], r["seed"], r["verdict"], bool(r["correct"]), r["speedup"],
-                        r["roofline_fraction"], json.loads(r["flags"]), bool(r["trusted"]), r["gpu_s"] or 0.0)
+                        r["roofline_fraction"], json.loads(r["flags"]), bool(r["trusted"]), r["gpu_s"] or 0.0,
+                        json.loads(r["record"]) if r["record"] else None)
                 for r in self._rows(sql + " ORDER BY problem, candidate, seed", args)]
 
     # -- sessions: the search's own wall clock ---------------------------------------------------------

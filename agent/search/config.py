@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.conditions import REPLAY, Condition, parse_condition
 from harness.config import EvalConfig, TimingConfig
@@ -103,8 +103,14 @@ class SearchConfig(BaseModel):
     stop: StopConfig = Field(default_factory=StopConfig)
     window: int = Field(3, ge=1, description="candidates in flight at once")
     warmup: int = Field(2, ge=0, description="candidates every problem gets before the budget follows the gap")
-    rescore_seeds: int = Field(2, ge=1, description="fresh seeds the best kernel of each problem is re-scored on")
-    rescore_candidates: int = Field(3, ge=1, description="best distinct trusted kernels re-scored per problem")
+    # The re-measurement at the end (agent.remeasure): the `remeasure_top` best distinct trusted kernels of each
+    # problem by the search's own figure, each evaluated afresh `remeasure` times; the reported one is the best
+    # by its re-measured median. Their names until 2026-12-06 (rescore_seeds, rescore_candidates) still read.
+    remeasure: int = Field(3, ge=1, validation_alias=AliasChoices("remeasure", "rescore_seeds"),
+                           description="fresh evaluations (seeds) of each re-measured kernel, on the visible and "
+                                       "the held-out shapes")
+    remeasure_top: int = Field(3, ge=1, validation_alias=AliasChoices("remeasure_top", "rescore_candidates"),
+                               description="best distinct trusted kernels re-measured per problem")
     failures_in_prompt: int = Field(3, ge=0, description="recent failures of the problem shown with the parent")
     keep_logs: bool = False
     base_url: str | None = None

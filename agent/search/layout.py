@@ -5,6 +5,7 @@
       archive.sqlite                every candidate, decision, stop and rescore (agent.search.archive)
       events.jsonl                  structlog JSON event log
       live.html                     the live view: refreshes itself, readable while the search runs
+      rescored.json                 `pkb rescore RUN`: each problem's reported kernel re-measured again
       candidates/<problem>/<slot>.py   every candidate file the model wrote (also kept in the archive)
       logs/<slot>/                  rank logs of each evaluation, with --keep-logs
       episodes/<slot>/              an agent proposer's episode: its candidates, their tool results, transcript.json
@@ -23,7 +24,7 @@ from typing import Any
 
 import prompts
 from agent import manifest
-from agent.rundir import read_json, write_json_atomic
+from agent.rundir import read_json, write_json_atomic, write_text_atomic
 from agent.search.config import SEARCH_SCHEMA, SearchConfig
 from agent.versions import versions
 from harness.problems.problem import Problem
@@ -56,6 +57,18 @@ class SearchDir:
 
     def candidate(self, problem: str, slot: int) -> Path:
         return self.path / "candidates" / problem / f"{slot:05d}.py"
+
+    def written(self, problem: str, slot: int, source: str) -> Path:
+        """The candidate's file, written again (from the archive's `source`) where it is missing or differs."""
+        path = self.candidate(problem, slot)
+        if not path.is_file() or path.read_text() != source:
+            write_text_atomic(path, source)
+        return path
+
+    @property
+    def rescored(self) -> Path:
+        """`pkb rescore RUN`'s re-measurement of each problem's reported kernel (agent.search.rescore)."""
+        return self.path / "rescored.json"
 
     def logs(self, slot: int) -> Path:
         return self.path / "logs" / f"{slot:05d}"

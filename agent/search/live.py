@@ -27,7 +27,9 @@ from agent.search.summary import (
     BEST_NOTE,
     ProblemRow,
     best_text,
+    figures_line,
     headline_best,
+    interval_text,
     percent_text,
     problem_rows,
     speedup_text,
@@ -53,17 +55,18 @@ def cells(row: ProblemRow) -> list[str]:
     best = headline_best(row)
     return [
         row.problem, str(row.decided), f"{row.correct}/{row.evaluated}", str(row.trusted), best_text(best),
+        speedup_text(best.in_search if best else None), interval_text(best if best and best.confirmed else None),
         percent_text(best.fraction if best else None), row.binding or "-", f"{row.gpu_s / 3600:.3f}",
         f"{row.tokens:,}", _cost(row), _status(row),
     ]
 
 
-HEADERS = ("problem", "candidates", "correct", "trusted", "best", "roofline", "bound by", "device h", "tokens",
-           "cost", "status")
+HEADERS = ("problem", "candidates", "correct", "trusted", "best", "in-search", "interval", "roofline", "bound by",
+           "device h", "tokens", "cost", "status")
 
 
 # The terminal shows the columns that matter most at a glance (the page shows them all).
-TERMINAL = ("problem", "candidates", "correct", "best", "roofline", "status")
+TERMINAL = ("problem", "candidates", "correct", "best", "in-search", "interval", "roofline", "status")
 
 
 def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table:
@@ -73,7 +76,7 @@ def table(directory: SearchDir, config: SearchConfig, archive: Archive) -> Table
     keep = [HEADERS.index(h) for h in TERMINAL]
     for i in keep:
         t.add_column(HEADERS[i], overflow="fold", no_wrap=HEADERS[i] == "problem")  # a name stays whole
-    for row in problem_rows(archive, config.problems, config.rescore_seeds):
+    for row in problem_rows(archive, config.problems, config.remeasure, config.device):
         values = cells(row)  # a stop reason can quote a model or a candidate: shown as text, never obeyed
         t.add_row(*(Text(terminal_safe(values[i])) for i in keep))
     return t
@@ -144,7 +147,7 @@ def svg_chart(series: dict[str, list[tuple[float, float | None]]], *, title: str
 
 
 def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final: bool) -> str:
-    rows = problem_rows(archive, config.problems, config.rescore_seeds)
+    rows = problem_rows(archive, config.problems, config.remeasure, config.device)
     lines = timeline(archive)
     speed = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["speedup"]) for pt in pts] for p, pts in lines.items()}
     frac = {p: [((pt["elapsed_s"] or 0.0) / 3600.0, pt["fraction"]) for pt in pts] for p, pts in lines.items()}
@@ -166,6 +169,7 @@ def page(directory: SearchDir, config: SearchConfig, archive: Archive, *, final:
         f"{stats['wall_s'] / 3600:.2f} h; devices busy {percent_text(busy)}; updated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}.</p>",
         "<table>", *body, "</table>",
+        "<ul>" + "".join(f"<li>{html.escape(figures_line(r))}</li>" for r in rows) + "</ul>",
         f"<p>{html.escape(BEST_NOTE)}.</p>",
         *([f"<p><b>{html.escape(note)}.</b></p>"] if (note := timing_note(config.device)) else []),
         svg_chart(speed, title="best trusted speedup", xlabel="hours running", ylabel="speedup", tick=speedup_text,
@@ -224,5 +228,10 @@ class LiveView:
 
 
 def print_summary(directory: SearchDir, config: SearchConfig, console: Console) -> None:
+    """The table (its caption says what a CPU timing is worth), then per problem its reported kernel's in-search
+    and re-measured figures (summary.figures_line)."""
     with Archive(directory.archive) as archive:
         console.print(table(directory, config, archive))
+        rows = problem_rows(archive, config.problems, config.remeasure, config.device)
+    for row in rows:
+        console.print(figures_line(row), markup=False, highlight=False, soft_wrap=True)

@@ -17,9 +17,10 @@ deterministic evaluator give the same archive however often the search is killed
 (tests/agent/search/test_search_kill.py).
 
 When no problem is left active (or the search budget is spent), the loop waits for what is in flight,
-then re-scores the `rescore_candidates` best distinct trusted kernels of each problem on `rescore_seeds`
-fresh seeds, the reference timed beside each. Only a kernel trusted on every fresh seed can be reported
-as a problem's best, and of those the one with the best median rescored speedup is (agent.search.summary).
+then re-measures the `remeasure_top` best distinct trusted kernels of each problem (agent.remeasure, the
+function `pkb rescore` calls too): `remeasure` fresh evaluations each, on fresh seeds, the reference timed
+beside each, the held-out shapes checked. Only a kernel trusted on every round can be reported as a
+problem's best, and of those the one with the best re-measured median is (agent.search.summary).
 """
 
 from __future__ import annotations
@@ -33,24 +34,32 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from agent import interrupts
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
+from agent.remeasure import Round
 from agent.rundir import write_text_atomic
 from agent.scheduler import DeviceScheduler
 from agent.search import budget, episode, stopping, strategies
-from agent.search.archive import DECIDED, EVALUATED, PROPOSED, Archive, Candidate, Rescore
+from agent.search.archive import DECIDED, EVALUATED, PROPOSED, Archive, Candidate
 from agent.search.config import SearchConfig
 from agent.search.layout import SearchDir
 from agent.search.proposer import FatalModelError, Proposal, Proposer, TransientModelError, derived_seed
 from agent.search.scoring import (
+    SEARCH_REMEASURE,
     EvaluateFn,
     bound_of,
     bound_on_node,
     outcome,
+    remeasure_kernel,
+    remeasure_seeds,
+    rescore_row,
+    round_of,
     score,
     trusted,
     unevaluated,
@@ -58,6 +67,7 @@ from agent.search.scoring import (
 from agent.usage import PriceTable
 from harness import cancel
 from harness.problems.problem import Problem
+from harness.records.results import EvalResult
 
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
 OUTAGE_PAUSES_S = (5.0, 15.0, 60.0, 300.0)  # between attempts, the last one repeated
@@ -401,10 +411,8 @@ class Search:
         self._heartbeat()  # the proposer's device time is charged: the wall clock must cover it
 
     def _evaluate(self, slot: int, c: Candidate, log: Any) -> None:
-        assert self.archive is not None and c.source is not None
-        path = self.directory.candidate(c.problem, slot)
-        if not path.is_file() or path.read_text() != c.source:  # written again from the archive on resume
-            write_text_atomic(path, c.source)
+        assert self.archive is not None
+        path = self._written(c)  # written again from the archive on resume
         log_dir = self.directory.logs(slot) if self.config.keep_logs else None
         scored = score(self.evaluate, self.problems[c.problem], path, config=self.config.eval_config(),
                        world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
@@ -415,10 +423,10 @@ class Search:
                  flags=scored.result.flags, trusted=trusted(scored.result), seconds=round(scored.seconds, 3),
                  stages=scored.result.stages)
 
-    # -- rescoring ----------------------------------------------------------------------------------------
+    # -- re-measuring -------------------------------------------------------------------------------------
     def rescore_seeds(self) -> list[int]:
         """Fresh seeds: inputs no evaluation of the search drew (their feedback never reached the model)."""
-        return [derived_seed(self.config.seed, k, "rescore") % 2**31 for k in range(self.config.rescore_seeds)]
+        return remeasure_seeds(self.config, SEARCH_REMEASURE)
 
     def _rescore(self, pool: ThreadPoolExecutor) -> None:
         seeds = self.rescore_seeds()
@@ -436,13 +444,16 @@ class Search:
                 self._errors.append(f"rescore {name}: {type(err).__name__}: {err}")
 
     def _rescore_problem(self, name: str, seeds: list[int]) -> None:
-        """The best `rescore_candidates` distinct trusted kernels, each on every fresh seed (a kernel's remaining
-        seeds are skipped once one is not trusted): the one reported is chosen on these fresh measurements,
-        not on the search's own, which favour whichever kernel was timed at a lucky moment."""
+        """The `remeasure_top` best distinct trusted kernels by the search's own figure, each re-measured on every
+        fresh seed and the held-out shapes (agent.remeasure; a kernel's remaining seeds are skipped once one is
+        not trusted): the one reported is chosen on these fresh measurements (agent.search.summary), never on
+        the search's own, which favour whichever kernel was timed at a lucky moment."""
         archive = self.archive
         assert archive is not None
         ranked = sorted(strategies.trusted(archive.candidates(name)), key=strategies.rank_key, reverse=True)
-        done = {(r.candidate, r.seed): r for r in archive.rescores(name)}
+        done: dict[int, dict[int, Round]] = {}
+        for r in archive.rescores(name):
+            done.setdefault(r.candidate, {})[r.seed] = round_of(r, self.config.device)
         seen: set[str] = set()
         picked = []
         for c in ranked:
@@ -450,31 +461,25 @@ class Search:
             if digest not in seen:
                 seen.add(digest)
                 picked.append(c)
-            if len(picked) == self.config.rescore_candidates:
+            if len(picked) == self.config.remeasure_top:
                 break
         for c in picked:
-            for seed in seeds:
-                r = done.get((c.id, seed)) or self._rescore_one(c, seed)
-                if not r.trusted:
-                    self.log.warning("rescore_failed", problem=name, candidate=c.id, seed=seed, verdict=r.verdict)
-                    break
+            measured = remeasure_kernel(self.config, self.evaluate, self.problems[name], self._written(c), seeds,
+                                        done=done.get(c.id), on_round=partial(self._record_round, c), log=self.log)
+            if measured.confirmed:
+                self.log.info("rescored", problem=name, candidate=c.id, seeds=seeds, search_speedup=c.speedup,
+                              remeasured=measured.record()["speedup"])
             else:
-                self.log.info("rescored", problem=name, candidate=c.id, seeds=seeds)
+                last = measured.rounds[-1]
+                self.log.warning("rescore_failed", problem=name, candidate=c.id, seed=last.seed, verdict=last.verdict)
 
-    def _rescore_one(self, c: Candidate, seed: int) -> Rescore:
-        assert self.archive is not None and c.source is not None
-        path = self.directory.candidate(c.problem, c.id)
-        if not path.is_file() or path.read_text() != c.source:
-            write_text_atomic(path, c.source)
-        config = self.config.eval_config(seed=seed, rescore=True)
-        scored = score(self.evaluate, self.problems[c.problem], path, config=config,
-                       world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
-                       log_dir=None, log=self.log)
-        result = scored.result
-        record = outcome(scored, self.bound(c.problem), self.elapsed_s())
-        rescore = Rescore(c.problem, c.id, seed, result.verdict, result.correct, record["speedup"],
-                          record["roofline_fraction"], sorted(result.flags), trusted(result), scored.gpu_s)
-        self.archive.add_rescore(rescore, eval_s=scored.seconds, result=result.model_dump_json())
+    def _written(self, c: Candidate) -> Path:
+        assert c.source is not None
+        return self.directory.written(c.problem, c.id, c.source)
+
+    def _record_round(self, c: Candidate, found: Round, result: EvalResult) -> None:
+        assert self.archive is not None
+        self.archive.add_rescore(rescore_row(c.problem, c.id, found, self.bound(c.problem), result),
+                                 eval_s=found.seconds, result=result.model_dump_json())
         self._heartbeat()
         self._changed()
-        return rescore

@@ -1,8 +1,9 @@
 """`pkb report` on a search run: the morning report. Self-contained (the run report, agent/report/, is
 about samples and conditions; a search is about an archive).
 
-Per problem: the best kernel (the best on fresh seeds of the re-scored ones, with its median rescored
-speedup and roofline fraction; else the search's best, marked unconfirmed), its lineage
+Per problem: the best kernel (the best by re-measured median of the re-measured ones, with that median, its
+interval and its in-search figure beside it, and its roofline fraction; else the search's best, marked
+unconfirmed), every re-measured kernel's two figures, its lineage
 tree (from the fresh draft it descends from to it: each ancestor's speedup, what the model said it
 changed, the inspirations it was shown, and how its other children fared), the verdicts of everything
 tried, and why the problem stopped. For the search: its stop reason, what it spent against its budgets,
@@ -22,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agent.search import rescore
 from agent.search.archive import Archive, Candidate
 from agent.search.layout import SearchDir, is_search_dir, load_config
 from agent.search.loop import search_stop_reason
@@ -29,7 +31,9 @@ from agent.search.summary import (
     BEST_NOTE,
     ProblemRow,
     best_text,
+    figures_line,
     headline_best,
+    interval_text,
     percent_text,
     problem_rows,
     speedup_text,
@@ -92,20 +96,22 @@ def build(path: Path) -> dict[str, Any]:
         raise SearchReportError(f"{path} is not a search run (no search.json)")
     config = load_config(directory)
     with Archive(directory.archive) as archive:
-        rows = problem_rows(archive, config.problems, config.rescore_seeds)
+        rows = problem_rows(archive, config.problems, config.remeasure, config.device)
         every = {c.id: c for c in archive.candidates()}
         notes = {r["id"]: (r["note"] or "") for r in archive.rows(("id", "note"))}
         stats = throughput(archive, config.gpus_per_evaluation)
         series = timeline(archive)
         stop_reason = search_stop_reason(archive)
         sessions = archive.sessions()
+    rescored = rescore.stored(directory)  # `pkb rescore RUN`, where it ran
     problems = []
     for row in rows:
         shown = row.reported.candidate if row.reported else row.best
         chain = lineage({k: v for k, v in every.items() if v.problem == row.problem}, shown) if shown else []
         for step in chain:
             step["note"] = _short(notes.get(step["id"], ""))
-        problems.append(_problem(row, chain, every))
+        problems.append({**_problem(row, chain, every),
+                         "rescore": rescore.rescore_text(rescored.get(row.problem) or {})})
     spent = {"candidates": stats["candidates"], "gpu_hours": stats["device_s"] / 3600.0,
              "cost_usd": sum(p["cost_usd"] for p in problems), "tokens": sum(p["tokens"] for p in problems),
              "wall_hours": stats["wall_s"] / 3600.0}
@@ -145,9 +151,14 @@ def _problem(row: ProblemRow, chain: list[dict[str, Any]], every: dict[int, Cand
             "rescored_speedup": reported.speedup if reported else None,
             "rescored_fraction": reported.fraction if reported else None,
             "rescore_seeds": reported.seeds if reported else [],
-            "search_speedup": best.candidate.speedup,
+            "search_speedup": best.in_search,
+            "interval": interval_text(best if best.confirmed else None),
+            "remeasured": best.remeasured.record() if best.remeasured else None,
             "source": best.candidate.source,
         },
+        "figures": figures_line(row),
+        "remeasured": [{"candidate": i, "search_speedup": every[i].speedup if i in every else None,
+                        **m.record()} for i, m in sorted(row.remeasured.items())],
         "rescore_failed": row.rescore_failed, "lineage": chain,
         "gpu_hours": row.gpu_s / 3600.0, "tokens": row.tokens, "cost_usd": row.cost_usd, "cost_known": row.cost_known,
     }
@@ -238,13 +249,15 @@ def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
            f"`{c['shape']}`, seed {c['seed']}. Stopped: **{report['stop_reason']}** ({report['sessions']} "
            "session(s)).", "",
            *_notes(report), "",
-           "| problem | best | roofline | bound by | search speedup | candidates | correct | trusted | "
-           "stop |", "|---|---|---|---|---|---|---|---|---|"]
+           "| problem | best | in-search | interval | roofline | bound by | candidates | correct | trusted | "
+           "stop |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in report["problems"]:
         b = p["best"]
-        out.append(f"| {p['problem']} | {b['text'] if b else '-'} | {_f(b['fraction']) if b else '-'} | "
-                   f"{p['binding'] or '-'} | {_x(b['search_speedup']) if b else '-'} | {p['decided']} | "
+        out.append(f"| {p['problem']} | {b['text'] if b else '-'} | {_x(b['search_speedup']) if b else '-'} | "
+                   f"{b['interval'] if b else '-'} | {_f(b['fraction']) if b else '-'} | "
+                   f"{p['binding'] or '-'} | {p['decided']} | "
                    f"{p['correct']} | {p['trusted']} | {p['stop']['reason'] if p['stop'] else 'searching'} |")
+    out += ["", *(f"- {p['figures']}" for p in report["problems"])]
     out += ["", "## Spent", "",
             f"- candidates {spent['candidates']}, device hours {spent['gpu_hours']:.4f}, tokens {spent['tokens']:,}, "
             + (f"${spent['cost_usd']:.2f}" if report["cost_known"] else "dollars n/a (model not in the price table)")
@@ -263,6 +276,13 @@ def to_markdown(report: dict[str, Any], figure_link: str | None = None) -> str:
         if p["rescore_failed"]:
             out.append("Fast on the search's seed but not confirmed on fresh seeds: "
                        + ", ".join(f"#{i}" for i in p["rescore_failed"]) + ".")
+        if p["rescore"]:
+            out.append(f"`pkb rescore`: {p['rescore']}.")
+        if p["remeasured"]:
+            out += ["", "Re-measured (the reported one is the best by its re-measured median):", "",
+                    "| kernel | in-search | re-measured | seeds |", "|---|---|---|---|",
+                    *(f"| #{m['candidate']} | {_x(m['search_speedup'])} | {m['text']} | "
+                      f"{', '.join(str(x) for x in m['seeds'])} |" for m in p["remeasured"])]
         if p["lineage"]:
             out += ["", "Lineage of the best kernel:", "", "```", *tree_lines(p["lineage"]), "```"]
         if p["best"] and p["best"]["source"]:
@@ -278,12 +298,14 @@ def to_html(report: dict[str, Any]) -> str:
     png = base64.b64encode(figure_png(report)).decode("ascii")
     c = report["config"]
     spent = report["spent"]
-    head = ("problem", "best", "roofline", "bound by", "search speedup", "candidates", "correct", "trusted", "stop")
+    head = ("problem", "best", "in-search", "interval", "roofline", "bound by", "candidates", "correct", "trusted",
+            "stop")
     rows = []
     for p in report["problems"]:
         b = p["best"]
-        cells = (p["problem"], b["text"] if b else "-", _f(b["fraction"]) if b else "-", p["binding"] or "-",
-                 _x(b["search_speedup"]) if b else "-", str(p["decided"]), str(p["correct"]), str(p["trusted"]),
+        cells = (p["problem"], b["text"] if b else "-", _x(b["search_speedup"]) if b else "-",
+                 b["interval"] if b else "-", _f(b["fraction"]) if b else "-", p["binding"] or "-",
+                 str(p["decided"]), str(p["correct"]), str(p["trusted"]),
                  p["stop"]["reason"] if p["stop"] else "searching")
         rows.append("<tr>" + "".join(f"<td>{esc(x)}</td>" for x in cells) + "</tr>")
     sections = []
@@ -296,6 +318,14 @@ def to_html(report: dict[str, Any]) -> str:
         if p["rescore_failed"]:
             part.append("<p>not confirmed on fresh seeds: " + esc(", ".join(f"#{i}" for i in p["rescore_failed"]))
                         + "</p>")
+        if p["rescore"]:
+            part.append(f"<p><code>pkb rescore</code>: {esc(p['rescore'])}</p>")
+        if p["remeasured"]:
+            part.append("<h3>re-measured (the reported one is the best by its re-measured median)</h3><table><tr>"
+                        "<th>kernel</th><th>in-search</th><th>re-measured</th><th>seeds</th></tr>"
+                        + "".join(f"<tr><td>#{m['candidate']}</td><td>{esc(_x(m['search_speedup']))}</td>"
+                                  f"<td>{esc(m['text'])}</td><td>{esc(', '.join(str(x) for x in m['seeds']))}</td></tr>"
+                                  for m in p["remeasured"]) + "</table>")
         if p["lineage"]:
             part.append("<h3>lineage of the best kernel</h3><pre>" + esc("\n".join(tree_lines(p["lineage"])))
                         + "</pre>")
@@ -315,6 +345,7 @@ def to_html(report: dict[str, Any]) -> str:
         f"<b>{esc(report['stop_reason'])}</b>.</p>",
         "".join(f"<p>{esc(note)}</p>" for note in _notes(report)),
         "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>", *rows, "</table>",
+        "<ul>" + "".join(f"<li>{esc(p['figures'])}</li>" for p in report["problems"]) + "</ul>",
         f"<p>spent: {spent['candidates']} candidates, {spent['gpu_hours']:.4f} device hours, {spent['tokens']:,} "
         f"tokens, " + (f"${spent['cost_usd']:.2f}" if report["cost_known"] else "dollars n/a") +
         f", {spent['wall_hours']:.3f} h wall</p>",

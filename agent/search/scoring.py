@@ -11,6 +11,9 @@ The roofline bound of a problem (harness.measure.roofline: interconnect, HBM and
 traffic over this machine's ceilings) is computed once per search, on the devices (`bound_on_node`, via
 the executor), and kept in the archive; a candidate's fraction is bound / its median time. On CPU the
 fractions are GPU ceilings over CPU times: tiny, and only proof of the plumbing.
+
+At the end, and again with `pkb rescore RUN`, the top kernels are re-measured (`remeasure_kernel`): the search's
+settings around agent.remeasure, the one function both call.
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent import scoring
+from agent import remeasure, scoring
+from agent.remeasure import Remeasurement, Round
 from agent.scoring import Scored
+from agent.search.archive import Rescore
+from agent.search.config import SearchConfig
+from agent.search.proposer import derived_seed
 from harness.common.flags import SPEEDUP_DISQUALIFIERS
 from harness.config import EvalConfig
 from harness.measure.roofline import cached_trace, resolve_ceilings, roofline
@@ -79,6 +86,48 @@ def unevaluated(verdict: str, message: str, elapsed_s: float) -> dict[str, Any]:
     return {"verdict": verdict, "correct": False, "failure_message": message[:MAX_EVIDENCE_CHARS], "flags": [],
             "fast_eligible": False, "trusted": False, "gpu_s": 0.0, "stages": {}, "eval_s": 0.0, "attempts": 0,
             "elapsed_s": round(elapsed_s, 3)}
+
+
+# -- re-measuring -------------------------------------------------------------------------------------------
+SEARCH_REMEASURE = "rescore"  # the tag of the search's own re-measurement seeds (its name since the first archives)
+CLI_REMEASURE = "pkb-rescore"  # `pkb rescore RUN`'s: fresh again, never the search's
+
+
+def remeasure_seeds(config: SearchConfig, tag: str, k: int | None = None) -> list[int]:
+    """`k` (default: the search's `remeasure`) seeds no evaluation of the search drew (their feedback never
+    reached the model), one set per `tag`."""
+    return [derived_seed(config.seed, i, tag) % 2**31 for i in range(config.remeasure if k is None else k)]
+
+
+def remeasure_kernel(config: SearchConfig, evaluate: EvaluateFn, problem: Problem, path: Path, seeds: list[int], *,
+                     done: dict[int, Round] | None = None,
+                     on_round: Callable[[Round, EvalResult], None] | None = None,
+                     log: Any = None) -> Remeasurement:
+    """A search's kernel re-measured by agent.remeasure with the search's world size, device, shape and
+    evaluation settings (the reference timed beside every round)."""
+    return remeasure.remeasure(problem, path, evaluate=evaluate, config=config.eval_config(rescore=True),
+                               seeds=seeds, world_size=config.world_size, device=config.device, shape=config.shape,
+                               done=done, on_round=on_round, log=log)
+
+
+def rescore_row(problem: str, candidate: int, found: Round, bound: tuple[float | None, str | None] | None,
+                result: EvalResult) -> Rescore:
+    """The archive's row of one round (agent.search.archive.Rescore), its clock fields apart."""
+    record = {k: v for k, v in found.record().items() if k not in remeasure.CLOCK_FIELDS}
+    return Rescore(problem, candidate, found.seed, found.verdict or "", found.correct, found.speedup,
+                   fraction(result, bound[0] if bound else None) if found.correct else None, list(found.flags),
+                   found.trusted, found.gpu_s, record)
+
+
+def round_of(r: Rescore, device: str) -> Round:
+    """An archived round back as agent.remeasure's; a row of an archive older than rounds is read from its
+    columns (its held-out shapes unknown, so none)."""
+    if r.record is not None:
+        return Round.from_record({**r.record, "gpu_s": r.gpu_s})
+    timing = (remeasure.CPU if device == "cpu" else remeasure.GPU) if r.speedup is not None else remeasure.UNTIMED
+    return Round(seed=r.seed, shape="", verdict=r.verdict, correct=r.correct, correct_visible=r.correct, held_out=[],
+                 timing=timing, speedup=r.speedup, candidate_ms=None, reference_ms=None, flags=list(r.flags),
+                 fast_eligible=r.trusted, trusted=r.trusted, gpu_s=r.gpu_s)
 
 
 # -- the roofline bound ------------------------------------------------------------------------------------

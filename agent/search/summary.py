@@ -2,11 +2,13 @@
 
 Used by the live view, the end-of-search table and the report, so all three say the same thing.
 
-- The best of a problem (`ProblemRow.best`) is its best trusted candidate by the search's own evaluation.
-  What is *reported* (`ProblemRow.reported`) is, of the candidates trusted on every one of their rescores
-  on fresh seeds, the one with the best median rescored speedup, with that median: a kernel that a fresh
-  seed shows wrong or flagged is never reported, and one that was only timed at a lucky moment loses to
-  one that is fast on the fresh seeds too.
+- The best of a problem (`ProblemRow.best`) is its best trusted candidate by the search's own evaluation
+  (its "in-search" figure: one bench, and the best of many draws). What is *reported*
+  (`ProblemRow.reported`) is, of the candidates trusted on every round of their re-measurement
+  (agent.remeasure: fresh seeds, a fresh bench, the held-out shapes), the one with the best re-measured
+  median, with that median and its interval: a kernel that a fresh round shows wrong or flagged is never
+  reported, and one that was only timed at a lucky moment loses to one that is fast on the fresh rounds too.
+  `figures_line` says both figures of a problem on one line (the end of `pkb search`, `pkb rescore`).
 - `timeline`: per problem, the best trusted speedup and roofline fraction after each evaluation, against
   the search's running seconds and its cumulative device hours.
 - `throughput`: device busy fraction (seconds evaluation slots were held, over capacity x wall: at most 1,
@@ -26,7 +28,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.remeasure import NOT_MEASURED, Remeasurement
 from agent.search.archive import EVALUATED, Archive, Candidate, Rescore, Stop
+from agent.search.scoring import round_of
 from agent.search.strategies import rank_key, trusted
 
 CHECK_STAGES = ("audit", "load", "check")
@@ -35,9 +39,10 @@ CHECK_STAGES = ("audit", "load", "check")
 @dataclass
 class Reported:
     candidate: Candidate
-    speedup: float | None  # median over its rescores
+    speedup: float | None  # its re-measured median (None: not measured, agent.remeasure)
     fraction: float | None
     seeds: list[int]
+    remeasured: Remeasurement | None = None
 
 
 @dataclass
@@ -51,6 +56,7 @@ class ProblemRow:
     best: Candidate | None = None
     reported: Reported | None = None
     rescore_failed: list[int] = field(default_factory=list)  # best kernels a fresh seed did not confirm
+    remeasured: dict[int, Remeasurement] = field(default_factory=dict)  # every re-measured kernel, by id
     stop: Stop | None = None
     gpu_s: float = 0.0
     tokens: int = 0
@@ -60,8 +66,9 @@ class ProblemRow:
     binding: str | None = None
 
 
-BEST_NOTE = ("best: the kernel the report names, with its median speedup on fresh seeds; before the re-scoring at "
-             "the end, the search's own best, marked unconfirmed")
+BEST_NOTE = ("best: the kernel the report names, with its median speedup re-measured on fresh seeds (held-out shapes "
+             "checked); before the re-measurement at the end, the search's own best, marked unconfirmed; in-search: "
+             "that kernel's figure from the search's one bench")
 
 
 @dataclass
@@ -72,13 +79,20 @@ class Best:
     speedup: float | None  # the median over its rescores when confirmed, else the search's own measurement
     fraction: float | None
     confirmed: bool  # trusted on every fresh seed (re-scored); False: the search's best, not re-scored yet
+    remeasured: Remeasurement | None = None  # its re-measurement, when confirmed
+
+    @property
+    def in_search(self) -> float | None:
+        """The kernel's figure from the search's own bench."""
+        return self.candidate.speedup
 
 
 def headline_best(row: ProblemRow) -> Best | None:
     """The problem's best: the re-scored one a report names once there is one, else the search's own best
     (marked unconfirmed). Everything that prints a search's best calls this, so they never disagree."""
     if row.reported is not None:
-        return Best(row.reported.candidate, row.reported.speedup, row.reported.fraction, True)
+        return Best(row.reported.candidate, row.reported.speedup, row.reported.fraction, True,
+                    row.reported.remeasured)
     if row.best is not None:
         return Best(row.best, row.best.speedup, row.best.roofline_fraction, False)
     return None
@@ -86,6 +100,35 @@ def headline_best(row: ProblemRow) -> Best | None:
 
 def speedup_text(value: float | None) -> str:
     return f"{value:.3g}x" if value is not None else "-"
+
+
+def interval_text(best: Best | None) -> str:
+    """The re-measured interval of a confirmed best, e.g. '1.30-1.55x (75%, k=3)'; '-' for none."""
+    measured = best.remeasured if best is not None else None
+    interval = measured.interval if measured is not None else None
+    if interval is None:
+        return NOT_MEASURED if measured is not None and measured.rounds else "-"
+    return f"{interval.low:.3g}-{interval.high:.3g}x ({interval.confidence:.0%}, k={interval.n})"
+
+
+def figures_line(row: ProblemRow) -> str:
+    """A problem's reported kernel with its in-search figure and its re-measured one with the interval; where
+    the in-search best is another kernel, what its re-measurement said (the draw that was lucky)."""
+    best = row.best
+    if row.reported is not None:
+        c, measured = row.reported.candidate, row.reported.remeasured
+        line = (f"{row.problem}: #{c.id} in-search {speedup_text(c.speedup)}; re-measured "
+                f"{measured.text() if measured else '-'}")
+        if best is not None and best.id != c.id:
+            other = row.remeasured.get(best.id)
+            line += (f" (the in-search best #{best.id}, {speedup_text(best.speedup)}, re-measured "
+                     f"{other.text() if other else '-'})")
+        return line
+    if best is None:
+        return f"{row.problem}: no trusted kernel"
+    measured = row.remeasured.get(best.id)
+    return (f"{row.problem}: #{best.id} in-search {speedup_text(best.speedup)}; re-measured "
+            f"{measured.text() if measured else 'not yet (the re-measurement runs when the search ends)'}")
 
 
 def percent_text(value: float | None, digits: int = 2) -> str:
@@ -107,33 +150,46 @@ def best_text(best: Best | None) -> str:
     return f"{speedup_text(best.speedup)} (#{best.candidate.id}{'' if best.confirmed else ', unconfirmed'})"
 
 
-def reported_best(candidates: list[Candidate], rescores: list[Rescore], seeds: int) -> tuple[Reported | None,
-                                                                                               list[int]]:
-    """Of the candidates whose `seeds` rescores are all trusted, the one with the highest median rescored speedup;
-    and the ids of re-scored candidates a fresh seed did not confirm."""
-    by_candidate: dict[int, list[Rescore]] = {}
+def remeasurements(rescores: list[Rescore], k: int, device: str | None = None) -> dict[int, Remeasurement]:
+    """Each re-measured candidate's rounds (agent.remeasure), from the archive's rows."""
+    out: dict[int, Remeasurement] = {}
     for r in rescores:
-        by_candidate.setdefault(r.candidate, []).append(r)
+        out.setdefault(r.candidate, Remeasurement(k=k)).rounds.append(round_of(r, device or ""))
+    return out
+
+
+def reported_best(candidates: list[Candidate], rescores: list[Rescore], seeds: int,
+                  device: str | None = None) -> tuple[Reported | None, list[int]]:
+    """Of the candidates trusted on all `seeds` rounds of their re-measurement, the one with the highest
+    re-measured median speedup (never the highest in-search figure: that is the luckiest draw); and the ids of
+    re-measured candidates a fresh round did not confirm."""
+    measured = remeasurements(rescores, seeds, device)
+    fractions: dict[int, list[float]] = {}
+    for r in rescores:
+        if r.roofline_fraction is not None:
+            fractions.setdefault(r.candidate, []).append(r.roofline_fraction)
     failed: list[int] = []
     confirmed: list[Reported] = []
     for c in sorted(trusted(candidates), key=rank_key, reverse=True):
-        mine = by_candidate.get(c.id)
-        if not mine:
+        mine = measured.get(c.id)
+        if mine is None or not mine.rounds:
             continue
-        if not all(r.trusted for r in mine):
+        if not all(r.trusted for r in mine.rounds):
             failed.append(c.id)
-        elif len(mine) >= seeds:
-            speeds = [r.speedup for r in mine if r.speedup is not None]
-            fractions = [r.roofline_fraction for r in mine if r.roofline_fraction is not None]
-            confirmed.append(Reported(c, statistics.median(speeds) if speeds else None,
-                                      statistics.median(fractions) if fractions else None, [r.seed for r in mine]))
+        elif mine.confirmed:
+            interval = mine.interval
+            found = fractions.get(c.id)
+            confirmed.append(Reported(c, interval.median if interval else None,
+                                      statistics.median(found) if found else None, mine.seeds, mine))
     if not confirmed:
         return None, failed
     top = max(confirmed, key=lambda r: (r.speedup if r.speedup is not None else float("-inf"), -r.candidate.id))
     return top, failed
 
 
-def problem_rows(archive: Archive, order: list[str], rescore_seeds: int) -> list[ProblemRow]:
+def problem_rows(archive: Archive, order: list[str], remeasure: int, device: str | None = None) -> list[ProblemRow]:
+    """`remeasure`: the rounds a re-measurement needs (SearchConfig.remeasure); `device`: the search's, to read
+    the rows of an archive older than rounds."""
     candidates = archive.candidates()
     stops = archive.stops()
     bounds = archive.bounds()
@@ -148,8 +204,9 @@ def problem_rows(archive: Archive, order: list[str], rescore_seeds: int) -> list
                          cost_usd=sum(c.cost_usd for c in mine), cost_known=all(c.cost_known for c in mine))
         pool = trusted(done)
         row.best = max(pool, key=rank_key) if pool else None
-        row.reported, row.rescore_failed = reported_best(done, [r for r in rescores if r.problem == name],
-                                                         rescore_seeds)
+        mine_rescores = [r for r in rescores if r.problem == name]
+        row.reported, row.rescore_failed = reported_best(done, mine_rescores, remeasure, device)
+        row.remeasured = remeasurements(mine_rescores, remeasure, device)
         if name in bounds:
             row.bound_ms, row.binding = bounds[name][0], bounds[name][1]
         rows.append(row)

@@ -149,8 +149,9 @@ class Conditions(_Strict):
 SEARCH_KEYS = ("strategy", "islands", "migration_interval", "top_k", "explore", "inspirations", "window", "warmup",
                "budget_candidates", "budget_gpu_hours", "budget_cost", "budget_tokens", "budget_hours",
                "problem_candidates", "problem_gpu_hours", "problem_cost", "problem_tokens", "problem_hours",
-               "target_fraction", "target_speedup", "patience", "min_gain", "rescore_seeds", "rescore_candidates",
-               "phase_timeout", "timing_iters", "fresh_reference", "keep_logs", "proposer_turns")
+               "target_fraction", "target_speedup", "patience", "min_gain", "remeasure", "remeasure_top",
+               "rescore_seeds", "rescore_candidates", "phase_timeout", "timing_iters", "fresh_reference", "keep_logs",
+               "proposer_turns")
 
 
 class SearchTable(_Strict):
