@@ -3,12 +3,12 @@ a failing sandbox reached.
 
 A thread of the harness reads, every quarter second, the sandbox's memory (the cgroup's OOM-kill counter, or
 harness.launch.sandbox.memory.measure where there is no cgroup) and its processes, and, every second, the
-bytes and entries in its scratch and extension folders (never following a link, stopping at the entry
-limit). Over a limit, it kills the sandbox (bubblewrap's process group; the PID namespace dies with it) and
-keeps the reason: harness.launch.pool turns it into the candidate's runtime_error, so going over ends the
-phase at once instead of at its time limit. `explain` says, after a rank failed, whether a limit was the cause: a tmpfs (/tmp,
-/dev/shm) that is full makes its writers fail (ENOSPC, or SIGBUS through a mapping) without any
-process of the harness having to act. Given a niceness, it also keeps the sandbox's sessions that nice
+bytes and entries in its scratch and extension folders (never following a link, stopping at the entry limit).
+Over a limit, it kills the sandbox (bubblewrap's process group; the PID namespace dies with it) and keeps the
+reason: harness.launch.pool turns it into the candidate's runtime_error, so going over ends the phase at once
+instead of at its time limit. `explain` says, after a rank failed, whether a limit was the cause: a tmpfs
+(/tmp, /dev/shm) that is full makes its writers fail (ENOSPC, or SIGBUS through a mapping) without any process
+of the harness having to act. Given a niceness, it also keeps the sandbox's sessions that nice
 (harness.launch.priority), once a second. Standard library only.
 """
 
