@@ -35,6 +35,14 @@ def gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
+def size(n: int) -> str:
+    """Bytes in the unit that reads best (KiB, MiB, GiB)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
 def meminfo(field: str = "MemTotal", path: Path = Path("/proc/meminfo")) -> int | None:
     """A /proc/meminfo figure in bytes (MemTotal, MemAvailable), or None where it cannot be read."""
     try:
@@ -77,6 +85,9 @@ class RankBudget:
                 "shm": self.shm_base + int(self.shm_factor * io_bytes),
                 "tmp": self.tmp_base + int(self.tmp_factor * io_bytes),
                 "scratch": self.scratch_base + int(self.scratch_factor * io_bytes)}
+
+
+DEFAULT_BUDGET = RankBudget()
 
 
 @dataclass(frozen=True)
@@ -130,11 +141,11 @@ class SandboxLimits:
         each = dict(ceiling)
         basis = f"{ranks} x the integrity settings"
         if io_bytes is not None:
-            derived = (budget or RankBudget()).per_rank(io_bytes, device)
+            derived = (budget or DEFAULT_BUDGET).per_rank(io_bytes, device)
             for k, v in (floor or {}).items():
                 derived[k] = max(derived[k], v)
             each = {k: min(derived[k], ceiling[k]) for k in ceiling}
-            basis = (f"{ranks} x a rank's budget for {io_bytes / (1 << 20):.1f} MiB of inputs and outputs "
+            basis = (f"{ranks} x a rank's budget for {size(io_bytes)} of inputs and outputs "
                      f"(harness.launch.sandbox.limits.RankBudget), at most the integrity settings")
         total = {k: ranks * v for k, v in each.items()}
         host = host_cap() if cap == -1 else cap
