@@ -68,7 +68,8 @@ def _meta_mode() -> Any:
                 kwargs["generator"] = None
             return func(*args, **kwargs)
 
-    return OnMeta()
+    mode: Any = OnMeta  # torch's TorchDispatchMode is untyped
+    return mode()
 
 
 def _measure_inputs(problem: Problem, shape: str, world_size: int) -> int | None:
