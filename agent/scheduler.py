@@ -39,7 +39,7 @@ from pathlib import Path
 from agent import lease_order
 from harness import cancel
 from harness.emulation import layout
-from harness.launch.sandbox.limits import HOST_RESERVE, gib, meminfo
+from harness.launch.sandbox.limits import HOST_RESERVE, meminfo
 
 CANCEL_POLL_S = 0.5  # how often a wait for a lease looks whether the process was interrupted
 
@@ -113,9 +113,6 @@ class MemoryGate:
                 self.held -= nbytes
                 self.running -= 1
                 self._lock.notify_all()
-
-    def describe(self) -> str:
-        return f"{gib(self.held)} of {gib(self.capacity)} held by {self.running} evaluation(s)"
 
 
 _GATE: MemoryGate | None = None

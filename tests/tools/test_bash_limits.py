@@ -41,8 +41,9 @@ def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_sandbox
+@pytest.mark.usefixtures("small_limits")
 @pytest.mark.parametrize("kind", sorted(HOG.COMMANDS))
-def test_a_hostile_command_is_ended_and_its_limit_named(kind: str, small_limits: None, tmp_path: Path) -> None:
+def test_a_hostile_command_is_ended_and_its_limit_named(kind: str, tmp_path: Path) -> None:
     command, setting = HOG.COMMANDS[kind]
     outcome = bash.run({"command": command}, context(tmp_path), None)
     if setting:
@@ -58,14 +59,16 @@ def test_a_hostile_command_is_ended_and_its_limit_named(kind: str, small_limits:
 
 
 @needs_sandbox
-def test_an_honest_command_runs_under_the_limits(small_limits: None, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("small_limits")
+def test_an_honest_command_runs_under_the_limits(tmp_path: Path) -> None:
     outcome = bash.run({"command": "printf 'x = 1\\n' > sol.py && python3 -c 'import sol; print(sol.x)' && "
                                    "ls /tmp /dev/shm"}, context(tmp_path), None)
     assert outcome.text.startswith("[exit code 0"), outcome.text
     assert outcome.data["limit"] is None
 
 
-def test_the_limits_are_in_the_tools_description(small_limits: None, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("small_limits")
+def test_the_limits_are_in_the_tools_description(tmp_path: Path) -> None:
     description = make_tool("bash", context(tmp_path)).description
     limits = SandboxLimits.for_shell(wall_s=60.0)
     assert limits.summary() in description
