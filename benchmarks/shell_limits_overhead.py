@@ -35,13 +35,25 @@ from tools.base import ToolContext  # noqa: E402
 
 
 def unlimited(folder: Path, command: str) -> float:
-    """The shell as it ran before its limits: the same sandbox, no limits, no cgroup, no watch."""
+    """The shell as tools.bash ran it before its limits (its code then, less the output's bounds): the same
+    sandbox without sizes, no cgroup, no watch; the file-size and core limits, the timed wait."""
     policy = SandboxPolicy(scratch=folder, hide=(REPO_ROOT, cache_root()))
     env = clean_environment(dict(os.environ), folder)
+    env.update({"HOME": str(folder), "PWD": str(folder)})
     started = time.perf_counter()
-    subprocess.run(policy.bwrap_command(["/bin/bash", "-c", command], folder), env=env, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=True)
+    proc = subprocess.Popen(policy.bwrap_command(["/bin/bash", "-c", command], folder), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=_old_rlimits)
+    assert proc.stdout is not None
+    proc.stdout.read()
+    if proc.wait(timeout=60) != 0:
+        raise RuntimeError("the command failed")
     return time.perf_counter() - started
+
+
+def _old_rlimits() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 30, 2 << 30))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def limited(ctx: ToolContext, command: str) -> float:
