@@ -88,8 +88,9 @@ def main() -> None:
         times["without_limits"].append(unlimited(folder, args.command))
         times["with_limits"].append(limited(ctx, args.command))
     rss["end_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {name: summary(values) for name, values in times.items()}
-    out["added_median_s"] = round(out["with_limits"]["median_s"] - out["without_limits"]["median_s"], 4)
+    series = {name: summary(values) for name, values in times.items()}
+    out: dict[str, object] = dict(series)
+    out["added_median_s"] = round(series["with_limits"]["median_s"] - series["without_limits"]["median_s"], 4)
     out["harness_peak_rss_kib"] = rss
     out["command"] = args.command
     out["limits"] = bash.shell_limits(ctx).record()
