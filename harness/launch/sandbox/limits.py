@@ -131,10 +131,10 @@ class SandboxLimits:
 
     @classmethod
     def for_ranks(cls, ranks: int, checks: IntegrityConfig | None = None, *, io_bytes: int | None = None,
-                  device: str = "cpu", budget: RankBudget | None = None, floor: dict[str, int] | None = None,
-                  cap: int | None = -1) -> SandboxLimits:
+                  device: str = "cpu", budget: RankBudget | None = None,
+                  floor: dict[str, int] | None = None) -> SandboxLimits:
         """W ranks' limits: the per-rank budget for `io_bytes` (None: the settings alone), raised to `floor`
-        (a problem's RANK_BUDGET), capped by the settings and by `cap` (default: the host's, host_cap)."""
+        (a problem's RANK_BUDGET), capped by the settings and by the host (host_cap)."""
         c = checks or IntegrityConfig()
         ceiling = {"memory": c.rank_memory_bytes, "shm": c.rank_shm_bytes, "tmp": c.rank_tmp_bytes,
                    "scratch": c.rank_scratch_bytes}
@@ -148,7 +148,7 @@ class SandboxLimits:
             basis = (f"{ranks} x a rank's budget for {size(io_bytes)} of inputs and outputs "
                      f"(harness.launch.sandbox.limits.RankBudget), at most the integrity settings")
         total = {k: ranks * v for k, v in each.items()}
-        host = host_cap() if cap == -1 else cap
+        host = host_cap()
         if host is not None and total["memory"] > host:
             total["memory"] = host
             basis += f", memory capped by the host ({gib(host)})"
