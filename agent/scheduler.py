@@ -16,6 +16,13 @@ neighbour cannot change a verdict that it could not have caused (agent.executors
 again alone). An exclusive lease (a re-judge, a profile) waits until its group is empty; which request goes
 next is agent.lease_order's policy (exclusive ones first, shared ones beside a lease held for long). A lease
 says whether another evaluation held its GPUs at any moment while it did (`overlapped`).
+
+Memory is admitted apart from devices (`MemoryGate`, one per process, shared by every scheduler and executor
+of it): an evaluation waits until the sum of the memory budgets of the evaluations running fits the host's
+available memory (MemAvailable in /proc/meminfo, read when the gate is made), so concurrent evaluations
+never ask the node for more than it has. An evaluation's budget is its candidate sandbox's memory limit
+(harness.launch.sandbox.budget) and as much again for its reference pool. One larger than the whole
+capacity runs alone. The gate is taken before the devices, always in that order.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agent import lease_order
 from harness import cancel
 from harness.emulation import layout
+from harness.launch.sandbox.limits import HOST_RESERVE, meminfo
 
 CANCEL_POLL_S = 0.5  # how often a wait for a lease looks whether the process was interrupted
 
@@ -71,12 +80,61 @@ def visible_gpus(env: dict[str, str] | None = None, count: int | None = None) ->
     return list(range(count))
 
 
+class MemoryGate:
+    """Admits evaluations while the sum of their memory budgets fits `capacity` bytes (see the module)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0  # bytes of the evaluations admitted now
+        self.running = 0
+        self.peak = 0  # the most bytes held at once (for tests and the event log)
+        self._lock = threading.Condition()
+
+    @classmethod
+    def measured(cls, meminfo_path: Path = Path("/proc/meminfo")) -> MemoryGate:
+        """The host's available memory less HOST_RESERVE; where /proc/meminfo cannot be read, 0: evaluations
+        then run one at a time (fail closed: nothing assumed)."""
+        available = meminfo("MemAvailable", meminfo_path)
+        return cls(max(0, (available or 0) - HOST_RESERVE))
+
+    @contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        with self._lock:
+            while self.running and self.held + nbytes > self.capacity:
+                cancel.check()
+                self._lock.wait(timeout=CANCEL_POLL_S)
+            self.held += nbytes
+            self.running += 1
+            self.peak = max(self.peak, self.held)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= nbytes
+                self.running -= 1
+                self._lock.notify_all()
+
+
+_GATE: MemoryGate | None = None
+_GATE_LOCK = threading.Lock()
+
+
+def memory_gate() -> MemoryGate:
+    """This process's gate, measured on first use."""
+    global _GATE
+    with _GATE_LOCK:
+        if _GATE is None:
+            _GATE = MemoryGate.measured()
+        return _GATE
+
+
 class DeviceScheduler:
     """Leases of W devices. `lease()` blocks until one is free; use it as a context manager."""
 
     def __init__(self, device: str, world_size: int, *, gpus: list[int] | None = None,
                  cpu_slots: int | None = None, ranks_per_gpu: int = 1, shared_evaluations: int = 1,
-                 long_hold_s: float = lease_order.LONG_HOLD_S, listener: LeaseListener | None = None) -> None:
+                 long_hold_s: float = lease_order.LONG_HOLD_S, listener: LeaseListener | None = None,
+                 memory: MemoryGate | None = None) -> None:
         if world_size < 1:
             raise SchedulerError(f"world size must be at least 1, got {world_size}")
         if ranks_per_gpu < 1:
@@ -91,6 +149,7 @@ class DeviceScheduler:
         self.shared_evaluations = shared_evaluations
         self.long_hold_s = long_hold_s
         self.listener = listener
+        self.memory = memory or memory_gate()  # evaluations' memory, admitted before their devices
         self._lock = threading.Condition()
         if device == "cuda":
             gpus = visible_gpus() if gpus is None else list(gpus)

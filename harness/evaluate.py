@@ -47,6 +47,7 @@ from harness.judge.reference import ReferenceFailed, ReferenceRun
 from harness.judge.static_scan import static_scan
 from harness.launch.pool import Hang, PoolError, RankMisbehaved, RankPool
 from harness.launch.sandbox import SandboxUnavailable
+from harness.launch.sandbox.budget import evaluation_limits
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.private import private_folder, remove_private, stage_file
 from harness.measure import roofline
@@ -286,7 +287,8 @@ class _Evaluation:
                              gpus=self.gpus, role="candidate", extensions=self.ext_copy,
                              visible=visible_for(self.code_path, self.problem.loader_spec),
                              ranks_per_gpu=self.config.ranks_per_gpu,
-                             sandbox_limits=SandboxLimits.for_ranks(self.world_size, self.checks))
+                             sandbox_limits=evaluation_limits(self.problem, self.shape, self.world_size,
+                                                              self.device, self.checks))
         self.pool.launch()
         for name, writable in EXCHANGE_DIRS.items():  # before any candidate code can plant a link there
             self.pool.exchange_dir(name, writable)

@@ -9,8 +9,12 @@ writable place and the working directory, the run's folder, the checkout (oracle
 solutions), a PKB checkout and the harness's cache are hidden, no
 network, no GPU (device work goes through pkb-check and pkb-bench, which take a device lease), a clean
 environment, a time limit per command after which the whole sandbox is killed, and bounded output (the
-first and last OUTPUT_KEEP bytes of what it printed, then the token budget). Nothing the command starts
-outlives it: the sandbox's PID namespace ends with it. Without bubblewrap the tool refuses to run: an
+first and last OUTPUT_KEEP bytes of what it printed, then the token budget). The same kinds of limit as a
+candidate's ranks, from harness.launch.sandbox.limits.ShellSettings (shown to the model in the tool's
+description, `limits_note`): memory (a cgroup, else the watch), /tmp and /dev/shm sizes, the scratch
+folder's bytes and files, processes, all watched from outside (harness.launch.sandbox.watch); going over
+ends the command and its output names the limit. Nothing the command starts outlives it: the sandbox's PID
+namespace ends with it, and its cgroup is removed. Without bubblewrap the tool refuses to run: an
 unsandboxed shell would run model-written commands with the harness's rights.
 """
 
@@ -24,6 +28,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +36,11 @@ from harness.common import channel
 from harness.common.hostile_files import Folder, HostileFile
 from harness.common.paths import REPO_ROOT
 from harness.launch.sandbox import SandboxPolicy, clean_environment, probe
+from harness.launch.sandbox.limits import SandboxLimits
+from harness.launch.sandbox.memory import MemoryCgroup
 from harness.launch.sandbox.policy import SANDBOX_UID
 from harness.launch.sandbox.private import hand_over
+from harness.launch.sandbox.watch import SandboxWatch
 from harness.rank.transport import TransportError, open_untrusted
 from harness.records.cache_dir import cache_root
 from tools.base import ToolContext, ToolInputError, ToolOutcome, bounded, save_candidate
@@ -43,7 +51,6 @@ SHELL_DIR = "shell"  # the scratch folder, inside the sample's folder (kept, so 
 OUTPUT_KEEP = 16 << 10  # bytes kept from the start and from the end of a command's output
 FILE_LIMIT = 1 << 20  # the largest file the harness commands (and the final scoring) take from the scratch
 MAX_COMMAND_CHARS = 20_000
-SCRATCH_BYTES = 2 << 30  # RLIMIT_FSIZE of the shell: no file it writes grows past this
 
 
 def scratch(ctx: ToolContext) -> Path:
@@ -92,9 +99,22 @@ def read_file(folder: Path, rel: str, limit: int = FILE_LIMIT) -> tuple[str | No
     return data.decode("utf-8", errors="replace"), ""
 
 
-def _limits() -> None:  # in the child, before bwrap starts
-    resource.setrlimit(resource.RLIMIT_FSIZE, (SCRATCH_BYTES, SCRATCH_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def shell_limits(ctx: ToolContext) -> SandboxLimits:
+    """One command's limits: the shell's settings, and the condition's time limit."""
+    return SandboxLimits.for_shell(wall_s=ctx.shell_timeout_s)
+
+
+def limits_note(ctx: ToolContext) -> str:
+    """The limits, as the tool's description tells the model."""
+    return (f"Limits of each command (going over ends it, and its output names the limit): "
+            f"{shell_limits(ctx).summary()}.")
+
+
+def _rlimits(file_bytes: int) -> Any:
+    def apply() -> None:  # in the child, before bwrap starts: no file it writes grows past the scratch limit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
 
 
 class _Output:
@@ -124,37 +144,55 @@ class _Output:
 
 
 def run_shell(ctx: ToolContext, command: str, timeout: float) -> dict[str, Any]:
-    """`command` in the sandbox; returns exit code, output, seconds and whether the time limit ended it."""
+    """`command` in the sandbox under the shell's limits; returns exit code, output, seconds, whether the
+    time limit ended it, and the limit it went over (`limit`, None when none)."""
     info = probe()
     if info.backend != "bwrap":
         raise ToolInputError(f"the shell needs the bubblewrap sandbox, which is unavailable here ({info.reason})")
     folder = scratch(ctx)
+    limits = shell_limits(ctx).with_wall(timeout)
     # Hidden besides the run's folder: the checkout (problems/ holds the oracles, the held-out shapes and the
     # expert solutions), the harness's cache, and a PKB checkout (recorded solution sets of other models).
     spec = ctx.problem.loader_spec
     checkout = [Path(spec[4:].split("::", 1)[0])] if spec.startswith("pkb:") else []
-    policy = SandboxPolicy(scratch=folder, hide=(*ctx.shell_hide, REPO_ROOT, cache_root(), *checkout))
+    policy = SandboxPolicy(scratch=folder, hide=(*ctx.shell_hide, REPO_ROOT, cache_root(), *checkout), limits=limits,
+                           info=info)
     env = clean_environment(dict(os.environ), folder)
     env.update({"HOME": str(folder), "PWD": str(folder)})
     cmd = policy.bwrap_command(["/bin/bash", "-c", command], folder)
+    cgroup = MemoryCgroup.create(f"shell-{uuid.uuid4().hex[:8]}", limits.memory_bytes)
+    if cgroup is not None:
+        cmd = cgroup.join_command(cmd)
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True, preexec_fn=_limits)
-    output = _Output(proc.stdout)
-    timed_out = False
+    watch: SandboxWatch | None = None
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True, preexec_fn=_rlimits(limits.scratch_bytes))
+        output = _Output(proc.stdout)
+
+        def kill() -> None:  # bwrap's group; the sandbox's PID namespace dies with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        watch = SandboxWatch(limits, proc.pid, [folder], kill=kill, cgroup=cgroup, full_tmpfs_ends=True).start()
+        timed_out = False
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # bwrap; the sandbox's PID namespace dies with it
-        except ProcessLookupError:
-            pass
-        channel.kill_session(proc.pid)
-        proc.wait()
-    output.thread.join(timeout=10)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill()
+            channel.kill_session(proc.pid)
+            proc.wait()
+        watch.stop()
+        limit = watch.breach or (watch.explain() if proc.returncode != 0 and not timed_out else None)
+        output.thread.join(timeout=10)
+    finally:
+        if watch is not None:
+            watch.stop()
+        if cgroup is not None:
+            cgroup.remove()  # ends anything still charged to it
     return {"exit_code": proc.returncode, "timed_out": timed_out, "seconds": round(time.perf_counter() - started, 3),
-            "output": output.text(), "output_bytes": output.total}
+            "output": output.text(), "output_bytes": output.total, "limit": limit}
 
 
 def _harness_command(ctx: ToolContext, command: str, tool: str) -> ToolOutcome:
@@ -193,6 +231,7 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
     prepare(ctx, {})
     done = run_shell(ctx, command, ctx.shell_timeout_s)
     status = (f"[killed after {ctx.shell_timeout_s:.0f} s: the per-command time limit]" if done["timed_out"]
+              else f"[stopped: {done['limit']}]" if done["limit"]
               else f"[exit code {done['exit_code']}, {done['seconds']:.1f} s]")
     blocks = [Block(status)]
     if done["output"].strip():

@@ -16,9 +16,10 @@ from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import BaseModel, Field, create_model
 
 import prompts
+from tools import bash
 from tools.base import ToolContext, ToolOutcome
 from tools.dispatch import run_tool
-from tools.specs import BY_NAME, TOOL_NAMES
+from tools.specs import BASH_TOOL, BY_NAME, TOOL_NAMES
 
 
 def args_schema(name: str) -> type[BaseModel]:
@@ -51,7 +52,8 @@ def make_tool(name: str, ctx: ToolContext, on_outcome: Callable[[ToolOutcome], N
         return outcome.text, outcome.record()
 
     return StructuredTool.from_function(
-        func=call, name=name, description=descriptions[name], args_schema=args_schema(name),
+        func=call, name=name, args_schema=args_schema(name),
+        description=descriptions[name] + (f" {bash.limits_note(ctx)}" if name == BASH_TOOL else ""),
         response_format="content_and_artifact",
     )
 

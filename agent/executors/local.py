@@ -19,12 +19,19 @@ from agent.executors.request import (
     with_candidate_name,
     with_gpus,
 )
+from agent.scheduler import MemoryGate, memory_gate
 from harness.common import failures
+from harness.common.integrity import IntegrityConfig
 from harness.compiling.compile import CompileOutcome, compile_candidate
 from harness.config import EvalConfig
 from harness.evaluate import build_limits
 from harness.evaluate import evaluate as harness_evaluate
+from harness.launch.sandbox.budget import evaluation_limits
 from harness.records.results import EvalResult
+
+# An evaluation's admission: its candidate sandbox's memory limit, and as much again for its reference pool
+# (agent.scheduler.MemoryGate).
+REFERENCE_SHARE = 1.0
 
 
 class LocalExecutor:
@@ -34,8 +41,16 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, scheduler: Scheduler | None = None) -> None:
+    def __init__(self, scheduler: Scheduler | None = None, memory: MemoryGate | None = None) -> None:
         self.scheduler = scheduler
+        self.memory = memory or getattr(scheduler, "memory", None) or memory_gate()
+
+    def memory_budget(self, request: EvalRequest, config: EvalConfig) -> int:
+        """The bytes an evaluation is admitted with: the same sandbox limits harness.evaluate derives."""
+        checks = IntegrityConfig.coerce(config.integrity.overrides(), request.device)
+        limits = evaluation_limits(problem_for(request.problem_spec), request.shape, request.world_size,
+                                   request.device, checks)
+        return int(limits.memory_bytes * (1 + REFERENCE_SHARE))
 
     @contextmanager
     def _devices(self, *, shared: bool = False, label: str = "") -> Iterator[tuple[list[int] | None, Any]]:
@@ -68,10 +83,13 @@ class LocalExecutor:
                                                 limits=build_limits(config, request.device))
                 built = outcome is None or outcome.ok
 
+                budget = self.memory_budget(request, config)
+
                 def judge(shared: bool) -> tuple[EvalResult, float, bool]:
                     """One evaluation: its result, the seconds it held the devices (0 without a lease), and
                     whether another evaluation held them too at some moment."""
-                    with self._devices(shared=shared, label=label) if built else nullcontext((None, None)) as (
+                    with self.memory.hold(budget), (
+                            self._devices(shared=shared, label=label) if built else nullcontext((None, None))) as (
                             gpus, lease):
                         started = time.perf_counter()
                         result = harness_evaluate(problem, path, world_size=request.world_size,

@@ -56,7 +56,6 @@ from harness.records.cache_dir import cache_root
 from harness.records.redaction import redact_bytes
 
 OUTPUT_CAP = 64 << 20  # bytes of stdout+stderr a pool's ranks may write together
-PROCESS_LIMIT_PER_RANK = 64  # processes a sandbox may hold per rank (compilers included)
 # The candidate's own folders in its scratch (TMPDIR, caches, HOME), made when the pool starts.
 SCRATCH_DIRS = ("tmp", "cache", "home")
 
@@ -627,7 +626,7 @@ class RankPool:
         if inside is None:
             return
         count = len(_pid_namespace_members(inside))
-        limit = PROCESS_LIMIT_PER_RANK * self.world_size + 8
+        limit = self.sandbox_limits.processes
         if count > limit:
             raise RankMisbehaved(None, f"the ranks started {count} processes, more than the sandbox's limit of {limit}")
 

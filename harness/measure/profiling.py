@@ -15,6 +15,7 @@ from typing import Any
 from harness.common import failures
 from harness.compiling.compile import compile_candidate, private_copy, visible_for
 from harness.launch.pool import Hang, PoolError, RankMisbehaved, RankPool
+from harness.launch.sandbox.budget import evaluation_limits
 from harness.launch.sandbox.private import private_folder, remove_private, stage_file
 from harness.measure import ncu as nsight
 from harness.measure import nsys as systems
@@ -159,7 +160,8 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     pool = RankPool(world_size, device, role="candidate" if copy is not None else "trusted",
                     extensions=private_copy(entry, folder / "extensions") if copy is not None else None,
                     visible=visible_for(copy, problem.loader_spec) if copy is not None else (),
-                    gpus=gpus, ranks_per_gpu=ranks_per_gpu)
+                    gpus=gpus, ranks_per_gpu=ranks_per_gpu,
+                    sandbox_limits=evaluation_limits(problem, shape, world_size, device))
     try:
         pool.start()
         if candidate is not None:

@@ -16,9 +16,12 @@ sandbox gets (harness.launch.sandbox.policy.SandboxPolicy; the modules named bel
   the evaluation's copy of the candidate; writable: its scratch and extension folder; fresh /tmp and
   /dev/shm of a fixed size; a minimal /dev (GPU nodes on CUDA). Never the home folder, the caches,
   TMPDIR or the private root holding every evaluation's folders (private.py).
-- limits (limits.py, from the integrity settings): memory (memory.py: a cgroup where one can be made,
-  else a watchdog), /tmp and /dev/shm sizes, scratch bytes and files (watch.py, from outside); going over
-  ends the sandbox and is the candidate's runtime_error, naming the limit.
+- limits (limits.py, the one definition for ranks, shells and profiles; a rank's budget from its problem
+  and shape, budget.py, capped by the integrity settings and the host): memory (memory.py: a cgroup where
+  one can be made, else a watchdog), /tmp and /dev/shm sizes, scratch bytes and files, processes (watch.py,
+  from outside); going over ends the sandbox and is the candidate's runtime_error, naming the limit.
+- no new namespaces: the sandbox's first program (drop.py) loads a seccomp filter (nsfilter.py) that
+  refuses unshare, clone with a namespace flag and setns to every process of the sandbox.
 - an environment rebuilt from a list of safe names: API keys and other secrets of the harness's
   environment never reach a candidate; HOME, TMPDIR and caches point into the scratch.
 - resource limits set by the launcher before any candidate code runs (open files, file size, core

@@ -1,6 +1,11 @@
-"""The first program of a sandbox that bubblewrap started as root: it becomes an unprivileged uid for good,
-then runs the command. Standard library only; run as a script (`python -I -S drop.py UID GID CMD...`),
-so nothing but the standard library is imported while it still holds privileges.
+"""The first program of every sandbox: it takes away what the command must not have, then runs it. Standard
+library only; run as a script (`python -I -S drop.py UID GID CMD...`), so nothing but the standard library is
+imported while it still holds privileges.
+
+Always: the namespace filter (nsfilter.py, bound beside this file and loaded by path) is loaded, so no
+process of the sandbox makes a user or network namespace of its own or enters another (exit 126 if it
+cannot be loaded). As root (UID and GID given; "-" for both keeps the ids, as in a user namespace), it
+first becomes an unprivileged uid for good, as follows.
 
 As root, bubblewrap cannot map the sandbox's uid to anyone but root (a user namespace made by root maps
 uid 65534 inside to uid 0 outside, and root-only files stay readable). So the sandbox is made without a
@@ -13,6 +18,7 @@ result and refuses to run the command (exit 126) if any capability or id is left
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import sys
 
@@ -21,6 +27,7 @@ PR_SET_NO_NEW_PRIVS = 38
 LAST_CAP = 63  # above the kernel's last capability, PR_CAPBSET_DROP fails with EINVAL: harmless
 CAP_VERSION_3 = 0x20080522
 FAILED = 126
+NSFILTER_NAME = "nsfilter.py"  # bound beside this file in every sandbox (harness.launch.sandbox.policy)
 
 
 class _CapHeader(ctypes.Structure):
@@ -60,15 +67,28 @@ def drop(uid: int, gid: int) -> None:
     raise OSError("uid 0 could be taken back after the drop")
 
 
+def namespace_filter() -> None:
+    """nsfilter.install, from the file beside this one (no package to import it from inside a sandbox)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), NSFILTER_NAME)
+    spec = importlib.util.spec_from_file_location("pkb_nsfilter", path)
+    if spec is None or spec.loader is None:
+        raise OSError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
-        print("usage: drop.py UID GID COMMAND [ARG...]", file=sys.stderr)
+        print("usage: drop.py UID|- GID|- COMMAND [ARG...]", file=sys.stderr)
         return FAILED
     try:
-        drop(int(argv[0]), int(argv[1]))
+        if argv[0] != "-":
+            drop(int(argv[0]), int(argv[1]))
+        namespace_filter()
         os.execvp(argv[2], argv[2:])
-    except (OSError, ValueError) as err:
-        print(f"sandbox: could not become uid {argv[0]}: {err}", file=sys.stderr)
+    except (OSError, ValueError, ImportError) as err:
+        print(f"sandbox: could not drop privileges (uid {argv[0]}, namespace filter): {err}", file=sys.stderr)
     return FAILED
 
 

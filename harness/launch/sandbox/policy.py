@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.common.paths import REPO_ROOT
-from harness.launch.sandbox import mounts
+from harness.launch.sandbox import mounts, nsfilter
+from harness.launch.sandbox.drop import NSFILTER_NAME
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.records.redaction import SECRET_SUFFIXES, contains_secret
 
@@ -77,7 +78,7 @@ class SandboxInfo:
         if self.backend == "bwrap":
             uid = (f"host_uid:{SANDBOX_UID},no_capabilities" if self.host_uid_switch
                    else f"user_namespace:uid{SANDBOX_UID}_is_harness_uid{os.geteuid()},no_capabilities")
-            return ["pid_namespace", uid, "network_namespace:loopback_only", "ipc_namespace",
+            return ["pid_namespace", uid, "network_namespace:loopback_only", nsfilter.PROTECTION, "ipc_namespace",
                     "bound:only_what_ranks_need", "writable:scratch_only", "hidden:home,caches,tmpdir",
                     "limits:memory,tmpfs,scratch", "die_with_parent", *common]
         return ["own_session", "pool_marker_sweep", *common]
@@ -141,9 +142,12 @@ def probe() -> SandboxInfo:
 
 
 _DROP = Path(__file__).with_name("drop.py")
-# Where drop.py is bound inside every sandbox: also where the checkout that holds it is hidden (the bash
-# condition's shell hides it: problems/ holds the oracles).
-DROP_MOUNT = "/.pkb-drop.py"
+_NSFILTER = Path(__file__).with_name(NSFILTER_NAME)
+# Where drop.py and the namespace filter it loads are bound inside every sandbox: a folder of their own,
+# because the checkout that holds them may be hidden (the bash condition's shell hides it: problems/ holds
+# the oracles).
+DROP_FOLDER = "/.pkb-sandbox"
+DROP_MOUNT = f"{DROP_FOLDER}/drop.py"
 
 
 @dataclass(frozen=True)
@@ -183,9 +187,11 @@ class SandboxPolicy:
         info = self._info()
         exe = shutil.which("bwrap") or "bwrap"
         binds = mounts.bwrap_args(self.layout(cwd), perms="--perms" in info.options, sizes="--size" in info.options)
-        if info.host_uid_switch:
-            binds += ["--ro-bind", str(_DROP), DROP_MOUNT]
-            command = [sys.executable, "-I", "-S", DROP_MOUNT, str(SANDBOX_UID), str(SANDBOX_UID), *command]
+        # Every sandbox's first program is drop.py: it loads the namespace filter and, as root, leaves uid 0.
+        binds += [*(["--perms", "0755"] if "--perms" in info.options else []), "--dir", DROP_FOLDER,
+                  "--ro-bind", str(_DROP), DROP_MOUNT, "--ro-bind", str(_NSFILTER), f"{DROP_FOLDER}/{NSFILTER_NAME}"]
+        ids = [str(SANDBOX_UID), str(SANDBOX_UID)] if info.host_uid_switch else ["-", "-"]
+        command = [sys.executable, "-I", "-S", DROP_MOUNT, *ids, *command]
         return [exe, *self.namespace_args(), *binds, "--chdir", str(cwd), "--", *command]
 
     def record(self, cwd: Path) -> dict[str, object]:

@@ -1,13 +1,14 @@
-"""Enforces a sandbox's limits from outside while it lives, and names the limit a failing sandbox reached.
+"""Enforces a sandbox's limits from outside while it lives (memory, processes, scratch), and names the limit
+a failing sandbox reached.
 
-A thread of the harness reads, every quarter second, the sandbox's memory (the cgroup's OOM-kill counter,
-or harness.launch.sandbox.memory.measure where there is no cgroup) and, every second, the bytes and entries in
-its scratch and extension folders (never following a link, stopping at the entry limit). Over a limit,
-it kills the sandbox (bubblewrap's process group; the PID namespace dies with it) and keeps the reason:
-harness.launch.pool turns it into the candidate's runtime_error, so going over ends the phase at once instead
-of at its time limit. `explain` says, after a rank failed, whether a limit was the cause: a tmpfs (/tmp,
-/dev/shm) that is full makes its writers fail (ENOSPC, or SIGBUS through a mapping) without any
-process of the harness having to act. Given a niceness, it also keeps the sandbox's sessions that nice
+A thread of the harness reads, every quarter second, the sandbox's memory (the cgroup's OOM-kill counter, or
+harness.launch.sandbox.memory.measure where there is no cgroup) and its processes, and, every second, the
+bytes and entries in its scratch and extension folders (never following a link, stopping at the entry limit).
+Over a limit, it kills the sandbox (bubblewrap's process group; the PID namespace dies with it) and keeps the
+reason: harness.launch.pool turns it into the candidate's runtime_error, so going over ends the phase at once
+instead of at its time limit. `explain` says, after a rank failed, whether a limit was the cause: a tmpfs
+(/tmp, /dev/shm) that is full makes its writers fail (ENOSPC, or SIGBUS through a mapping) without any process
+of the harness having to act. Given a niceness, it also keeps the sandbox's sessions that nice
 (harness.launch.priority), once a second. Standard library only.
 """
 
@@ -58,10 +59,13 @@ class SandboxWatch:
 
     def __init__(self, limits: SandboxLimits, bwrap_pid: int, folders: list[Path], kill: Callable[[], None],
                  cgroup: MemoryCgroup | None = None, names: Callable[[int], str] | None = None,
-                 niceness: int | None = None) -> None:
+                 niceness: int | None = None, full_tmpfs_ends: bool = False) -> None:
         self.limits, self.bwrap_pid, self.folders, self.kill, self.cgroup = limits, bwrap_pid, folders, kill, cgroup
         self.niceness = niceness  # kept on the sandbox's sessions (harness.launch.priority), None: left alone
         self.names = names or (lambda pid: f"pid {pid}")
+        # The shell's watch ends a command whose /tmp or /dev/shm is full (the write that did not fit failed,
+        # and the command may go on as if it had not); a rank's failure is explained afterwards instead.
+        self.full_tmpfs_ends = full_tmpfs_ends
         self.breach: str | None = None
         self.peak_bytes = 0
         self._stop = threading.Event()
@@ -93,10 +97,10 @@ class SandboxWatch:
 
     def _over(self) -> str | None:
         """The first limit the sandbox is over now, or None."""
-        reason = self._memory_over()
+        reason = self._memory_over() or self._processes_over()
         if reason is None and time.monotonic() >= self._folders_at:
             self._folders_at = time.monotonic() + FOLDER_PERIOD_S
-            reason = self._folders_over()
+            reason = self._folders_over() or (self._tmpfs_full() if self.full_tmpfs_ends else None)
             if self.niceness is not None:
                 keep_sessions_nice(descendants(self.bwrap_pid), self.niceness)
         return reason
@@ -139,6 +143,17 @@ class SandboxWatch:
                     f"{self.limits.describe('scratch')}")
         return None
 
+    def _processes_over(self) -> str | None:
+        """A sandbox holding more processes than its limit is ended (a fork bomb must not take the machine;
+        RLIMIT_NPROC does not bind when the harness runs as root)."""
+        init = self._init()
+        if init is None:
+            return None
+        count = len(descendants(init))
+        if count <= self.limits.processes:
+            return None
+        return f"the sandbox held {count} processes, over its limit of {self.limits.describe('processes')}"
+
     def explain(self) -> str | None:
         """Why the sandbox's ranks failed, when a limit is the reason: the watch's own finding, the
         cgroup's OOM kills, a full /tmp or /dev/shm, a scratch over its limit. None otherwise."""
@@ -147,6 +162,9 @@ class SandboxWatch:
         reason = self._memory_over() if self.cgroup is not None else None
         if reason:
             return reason
+        return self._tmpfs_full() or self._folders_over()
+
+    def _tmpfs_full(self) -> str | None:
         init = self._init()
         if init is not None:
             for mount, what in (("/dev/shm", "shm"), ("/tmp", "tmp")):
@@ -154,4 +172,4 @@ class SandboxWatch:
                 if found is not None and found[1] - found[0] < FULL_SLACK:
                     return (f"the sandbox's {mount} is full ({gib(found[0])}): its size is "
                             f"{self.limits.describe(what)}")
-        return self._folders_over()
+        return None

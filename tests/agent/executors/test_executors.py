@@ -43,7 +43,7 @@ from agent.executors.reaper import reap_on_death
 from agent.executors.request import EvalRequest, device_seconds
 from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
-from agent.scheduler import DeviceScheduler
+from agent.scheduler import DeviceScheduler, MemoryGate
 from harness.common.flags import FROM_TIMES
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.evaluate import evaluate
@@ -263,8 +263,10 @@ def test_an_untimed_evaluation_that_shared_its_gpu_is_judged_again_alone_unless_
     from harness.records.results import CandidateInfo, Failure
 
     heard: list[tuple[str, dict[str, object]]] = []
+    # (memory: a host large enough for three CUDA evaluations' budgets at once; this machine may not be)
     scheduler = DeviceScheduler("cuda", 2, gpus=[0], ranks_per_gpu=2, shared_evaluations=3,
-                                listener=lambda event, fields: heard.append((event, dict(fields))))
+                                listener=lambda event, fields: heard.append((event, dict(fields))),
+                                memory=MemoryGate(1 << 50))
     all_inside = threading.Barrier(3, timeout=10)
     calls: dict[str, int] = {}
     first_time = {"flaky": ("runtime_error", None), "steady": ("correct", None),
