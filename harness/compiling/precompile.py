@@ -30,6 +30,7 @@ from typing import Any
 
 from harness.common.failures import COMPILE_ERROR
 from harness.compiling.builds import BuildOutcome, Undiscovered, build_ahead
+from harness.emulation.build_hook import rewrite_builds_of
 from harness.problems.problem import import_file, module_name_for
 from harness.problems.registry import load_problem_spec
 from harness.rank.candidate import classify_load_error, trimmed_traceback
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             load_problem_spec(args.problem)
         except Exception as exc:
             print(f"the problem did not load ({type(exc).__name__}: {exc}); importing the candidate anyway")
+    # Multimem is rewritten into unicast accesses before torch builds it, as in emulated ranks (docs/emulation.md).
+    rewrite_builds_of(args.candidate.read_text(errors="replace"))
     try:
         module = import_file(args.candidate, module_name_for(args.candidate, "pkb_precompile"))
     except BaseException as exc:
