@@ -59,7 +59,9 @@ _HALF = {"f16": "f16x2", "bf16": "bf16x2"}  # 16-bit elements travel in pairs, a
 
 # Outside asm: calls that issue multimem or create multicast objects, which no text rewrite can serve.
 _FOREIGN = re.compile(r"\b(?:ptx\s*::\s*multimem_\w+|cuMulticast\w*|cudaMulticast\w*|nvshmemx?_\w*mc\w*)")
-_INSTRUCTION_LIKE = re.compile(r"multimem\.[A-Za-z0-9_.:]+(?=\s*[\[{%])")
+# In a string literal outside asm statements: a multimem opcode with its qualifiers (a raw PTX module, a macro
+# an asm template is built from); prose such as "uses multimem.ld_reduce" names no qualifier.
+_INSTRUCTION_LIKE = re.compile(r"multimem\.(?:ld_reduce|st|red)(?:\.[A-Za-z0-9_:]+)+")
 
 
 @dataclass(frozen=True)
@@ -598,7 +600,7 @@ def _foreign(text: str, asm_spans: list[tuple[int, int]]) -> list[Unrewritable]:
         for m in (_FOREIGN if kind == "code" else _INSTRUCTION_LIKE).finditer(text, start, end):
             if any(a <= m.start() < b for a, b in asm_spans):
                 continue  # judged with its asm statement
-            why = "a multimem instruction outside an asm statement" if kind == "string" else \
+            why = "a multimem instruction outside an asm statement (a PTX string, a macro)" if kind == "string" else \
                 "a library call that issues multimem or creates multicast objects"
             out.append(Unrewritable(m.group(0), _line_of(text, m.start()), why))
     return out
@@ -629,7 +631,7 @@ def rewrite(source: str) -> RewriteResult:
                 continue
             line = _line_of(source, m.start())
             try:
-                sections = _split_top(inner, ":")
+                sections = _split_top(re.sub(r"\\\r?\n", " ", inner), ":")  # a macro's continuations
                 template = _template(sections[0])
                 if "multimem" not in template:
                     raise _NotRewritable(inner.strip()[:100], "multimem named in an asm statement's operands")
