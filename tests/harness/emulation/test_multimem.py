@@ -364,6 +364,21 @@ def test_the_hook_rewrites_what_load_inline_writes(hooked, tmp_path):
     assert plain.read_text() == "__global__ void k() {}\n"
 
 
+def test_load_inline_under_any_name_writes_the_rewritten_source(hooked, tmp_path, monkeypatch):
+    """Through torch's own load_inline, bound before the hook was installed (as PKB's helper binds it)."""
+    from torch.utils import cpp_extension
+    from torch.utils.cpp_extension import load_inline as bound_early
+
+    built: list[list[str]] = []
+    monkeypatch.setattr(cpp_extension, "_jit_compile", lambda name, sources, *a, **k: built.append(sources) or "ext")
+    hooked.install(strict=True)
+    assert bound_early(name="t", cpp_sources="", cuda_sources=MULTIMEM_CU, build_directory=str(tmp_path)) == "ext"
+    written = (tmp_path / "cuda.cu").read_text()
+    assert written.startswith(multimem_rewrite.PRELUDE_MARK) and "#include <torch/types.h>" in written
+    assert "multimem." not in code_only(written.split("#line 1\n", 1)[1])
+    assert built == [[str(tmp_path / "main.cpp"), str(tmp_path / "cuda.cu")]]
+
+
 def test_the_rank_hook_refuses_what_it_cannot_rewrite_as_infra(hooked, tmp_path):
     from torch.utils import cpp_extension
 
