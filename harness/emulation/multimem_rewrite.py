@@ -338,6 +338,15 @@ class _Statement:
     values: list[Operand]  # ld_reduce: destinations; st, red: sources (one per element)
 
 
+def _width_mismatch(st: _Statement) -> str:
+    """Why the operands' registers cannot hold the instruction's elements ('' when they can): ptxas rejects
+    the original then, and the rewrite keeps that build error."""
+    op = st.opcode
+    fits = "h" if op.type in _HALF else ("ld" if op.word_bits == 64 else "rf")
+    wrong = [v.constraint for v in st.values if v.constraint.lstrip("=&+") not in fits]
+    return f"{op.spelling}: operand constraint {wrong[0]!r} does not fit .{op.type}" if wrong else ""
+
+
 def _parse_statement(template: str, operands: list[Operand]) -> _Statement:
     """The multimem statement of an asm template (_NotRewritable when it is not one this emulates)."""
     body = template.strip()
@@ -349,7 +358,7 @@ def _parse_statement(template: str, operands: list[Operand]) -> _Statement:
     text = instructions[0]
     if text.startswith("@"):
         raise _NotRewritable(text[:100], "a predicated multimem instruction")
-    spelling, _, rest = text.partition(" ")
+    spelling, _, rest = re.sub(r"\s+", " ", text, count=1).partition(" ")
     parsed = parse_opcode(spelling.strip())
     if isinstance(parsed, str):
         raise _NotRewritable(text[:100], parsed)
@@ -370,7 +379,7 @@ def _parse_statement(template: str, operands: list[Operand]) -> _Statement:
             raise _NotRewritable(text[:100], f"destination constraint {v.constraint!r} is not an output")
         if v.constraint.startswith("+") or letter not in "rfldh" or len(letter) != 1:
             raise _NotRewritable(text[:100], f"operand constraint {v.constraint!r} is not emulated")
-    if address.constraint.lstrip("=&+") not in ("l", "r") or address.constraint.startswith(("=", "+")):
+    if address.constraint != "l":
         raise _NotRewritable(text[:100], f"address constraint {address.constraint!r} is not an input")
     return _Statement(parsed, address, int(m.group(2) or "0", 0), values)
 
@@ -641,7 +650,7 @@ def rewrite(source: str) -> RewriteResult:
             except _NotRewritable as err:
                 result.unrewritable.append(Unrewritable(err.construct, line, err.why))
                 continue
-            why = statement.opcode.invalid()
+            why = statement.opcode.invalid() or _width_mismatch(statement)
             code = _invalid_code(why) if why else _generate(statement)
             if why:
                 result.invalid.append(why)
