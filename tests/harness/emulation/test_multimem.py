@@ -208,7 +208,8 @@ def test_an_invalid_instruction_stays_a_build_error():
 def test_registers_that_cannot_hold_the_elements_stay_a_build_error():
     result = rewrite('__device__ void f(unsigned& v, void* p) { asm volatile('
                      '"multimem.ld_reduce.relaxed.sys.global.add.u64\t%0, [%1];" : "=r"(v) : "l"(p)); }')
-    assert result.invalid == ["multimem.ld_reduce.relaxed.sys.global.add.u64: operand constraint '=r' does not fit .u64"]
+    assert result.invalid == ["multimem.ld_reduce.relaxed.sys.global.add.u64: operand constraint '=r' does not "
+                              "fit .u64"]
 
 
 def test_the_prelude_is_generated_from_the_layout():
