@@ -52,6 +52,7 @@ from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.private import private_folder, remove_private, stage_file
 from harness.measure import roofline
 from harness.problems.parallelkernelbench import input_report
+from harness.problems.parallelkernelbench import multicast as pkb_multicast
 from harness.problems.problem import Problem
 from harness.rank import transport
 from harness.rank.candidate import required_positional
@@ -697,6 +698,12 @@ def evaluate(
         ev.failure = Failure(verdict=failures.INFRA_ERROR, message=issue, phase="environment",
                              infra_cause="environment")
         ev.evidence["environment_issue"] = issue
+        remove_private(ev.folder)
+        return ev.result()
+    refused = pkb_multicast.emulation_reason(ev.source.decode(errors="replace")) if config.ranks_per_gpu > 1 else None
+    if refused:  # multicast the emulation cannot rewrite (docs/emulation.md): nothing of it runs
+        ev.failure = Failure(verdict=failures.INFRA_ERROR, message=f"not available in emulation: {refused}",
+                             phase="environment", infra_cause="emulation")
         remove_private(ev.folder)
         return ev.result()
     phase, started = "compile", time.perf_counter()

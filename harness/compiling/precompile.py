@@ -41,6 +41,7 @@ from harness.common.failures import COMPILE_ERROR
 from harness.common.hostile_files import HostileFile, strict_json
 from harness.compiling.builds import BuildOutcome, Undiscovered, build_ahead
 from harness.compiling.source_text import SourceEncodingError, source_text
+from harness.emulation.build_hook import rewrite_builds_of
 from harness.problems.problem import import_file, module_name_for
 from harness.problems.registry import load_problem_spec
 from harness.rank.candidate import classify_load_error, trimmed_traceback
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 def import_and_build(candidate: Path) -> dict[str, Any] | None:
     """Import the candidate and make its builds, printing a line for each; the result (None: the source
     could not be read). Candidate code runs here."""
+    # Multimem is rewritten into unicast accesses before torch builds it, as in emulated ranks (docs/emulation.md).
+    rewrite_builds_of(candidate.read_text(errors="replace"))
     try:
         module = import_file(candidate, module_name_for(candidate, "pkb_precompile"))
     except BaseException as exc:

@@ -8,7 +8,9 @@ In a rank process, once the gloo group exists and before the candidate is import
     install()            # or install(store=...) to exchange IPC handles through another store
 
 On the trusted side, `harness.emulation.errors` (no torch needed) recognises refusals
-(`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs.
+(`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs. Multicast is
+emulated without multicast: `multimem_rewrite` (pure Python) turns multimem instructions into unicast
+accesses, `build_hook` applies it where torch builds, `multimem_scan` checks the binaries.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from harness.emulation import driver, memory, rendezvous
 from harness.emulation.errors import NotAvailableInEmulation
 from harness.emulation.handle import EmulatedSymmetricMemory, handle_for
+from harness.emulation.multicast_windows import MulticastWindows
 
 if TYPE_CHECKING:  # a NewType of str, needed for annotations only
     from torch.distributed.distributed_c10d import GroupName
@@ -35,6 +36,7 @@ class Emulation:
         self._lock = threading.Lock()
         self._sequence: dict[str, int] = {}  # group name -> rendezvous calls so far (keys of the exchange)
         self._workspaces: dict[str, tuple[torch.Tensor, EmulatedSymmetricMemory]] = {}
+        self.multicast = MulticastWindows()
 
     @property
     def store(self) -> Any:
@@ -88,7 +90,7 @@ class Emulation:
         bases = [self.mappings.base_of(r, ordinal, allocation.base if r.rank == rank else None) for r in records]
         handle = handle_for(allocation, rank=rank, world_size=world_size, group_name=group_name,
                             buffer_ptrs=[b + r.data_offset + r.tensor_offset for b, r in zip(bases, records)],
-                            signal_pad_ptrs=bases, offset=offset)
+                            signal_pad_ptrs=bases, offset=offset, multicast=self.multicast.base_for)
         allocation.handles[group_name] = handle
         return handle
 

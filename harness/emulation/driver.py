@@ -44,6 +44,7 @@ def _lib() -> Any:
         "cuCtxPopCurrent_v2": [ctypes.POINTER(vp)],
         "cuCtxSynchronize": [],
         "cuMemAlloc_v2": [u64p, ctypes.c_size_t],
+        "cuMemAddressReserve": [u64p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_ulonglong],
         "cuMemsetD8_v2": [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t],
         "cuIpcGetMemHandle": [ctypes.POINTER(IpcHandle), ctypes.c_uint64],
         "cuIpcOpenMemHandle_v2": [u64p, IpcHandle, ctypes.c_uint],
@@ -119,6 +120,16 @@ def alloc(ordinal: int, nbytes: int) -> int:
     ptr = ctypes.c_uint64()
     with on_device(ordinal):
         _check(_fn("cuMemAlloc_v2")(ctypes.byref(ptr), max(nbytes, 1)), f"cuMemAlloc({nbytes})")
+    return int(ptr.value)
+
+
+def reserve_address(ordinal: int, nbytes: int, alignment: int) -> int:
+    """A range of device virtual addresses with nothing mapped behind it: an access there faults. The
+    emulated multicast windows (harness.emulation.multicast_windows); never mapped, never freed."""
+    ptr = ctypes.c_uint64()
+    with on_device(ordinal):
+        _check(_fn("cuMemAddressReserve")(ctypes.byref(ptr), nbytes, alignment, 0, 0),
+               f"cuMemAddressReserve({nbytes})")
     return int(ptr.value)
 
 

@@ -8,7 +8,7 @@ device arrays for kernels, and the device-side barrier and signals of harness.em
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -21,7 +21,8 @@ class EmulatedSymmetricMemory:
 
     def __init__(self, *, rank: int, world_size: int, device: torch.device, group_name: str,
                  buffer_ptrs: Sequence[int], signal_pad_ptrs: Sequence[int], buffer_size: int,
-                 signal_pad_size: int, offset: int = 0) -> None:
+                 signal_pad_size: int, offset: int = 0,
+                 multicast: Callable[[EmulatedSymmetricMemory], int] | None = None) -> None:
         if len(buffer_ptrs) != world_size or len(signal_pad_ptrs) != world_size:
             raise ValueError(f"{world_size} ranks need {world_size} buffer and signal-pad pointers")
         self._rank = rank
@@ -33,6 +34,7 @@ class EmulatedSymmetricMemory:
         self._buffer_size = buffer_size
         self._signal_pad_size = signal_pad_size
         self._offset = offset
+        self._multicast = multicast  # the process's windows (harness.emulation.multicast_windows), or refused
         # Device arrays of the W addresses, uploaded once and kept alive with the handle.
         self._buffer_table = torch.tensor(self._buffer_ptrs, dtype=torch.int64, device=device)
         self._pad_table = torch.tensor(self._signal_pad_ptrs, dtype=torch.int64, device=device)
@@ -84,8 +86,12 @@ class EmulatedSymmetricMemory:
 
     @property
     def multicast_ptr(self) -> int:
-        raise NotAvailableInEmulation("multicast", "handle.multicast_ptr",
-                                      "NVLink multicast (NVLS) has no single-GPU emulation")
+        """A reserved, unmapped window over every rank's buffer: only kernels whose multimem instructions
+        the emulation rewrote can use it (docs/emulation.md, "Multicast")."""
+        if self._multicast is None:
+            raise NotAvailableInEmulation("multicast", "handle.multicast_ptr",
+                                          "NVLink multicast (NVLS) has no single-GPU emulation")
+        return self._multicast(self)
 
     def boxed(self) -> object:
         raise NotAvailableInEmulation("symm_mem_op", "handle.boxed",
@@ -155,8 +161,9 @@ class EmulatedSymmetricMemory:
 
 
 def handle_for(allocation: memory.Allocation, *, rank: int, world_size: int, group_name: str,
-               buffer_ptrs: Sequence[int], signal_pad_ptrs: Sequence[int], offset: int) -> EmulatedSymmetricMemory:
+               buffer_ptrs: Sequence[int], signal_pad_ptrs: Sequence[int], offset: int,
+               multicast: Callable[[EmulatedSymmetricMemory], int] | None = None) -> EmulatedSymmetricMemory:
     return EmulatedSymmetricMemory(rank=rank, world_size=world_size, device=allocation.device,
                                    group_name=group_name, buffer_ptrs=buffer_ptrs,
                                    signal_pad_ptrs=signal_pad_ptrs, buffer_size=allocation.data_bytes - offset,
-                                   signal_pad_size=allocation.pad_bytes, offset=offset)
+                                   signal_pad_size=allocation.pad_bytes, offset=offset, multicast=multicast)

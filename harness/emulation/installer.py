@@ -11,6 +11,8 @@ What `install` changes in this process (and `uninstall` puts back, for tests):
   symmetric memory) refuses, on CUDA and CPU tensors, through the dispatcher, so no import path escapes;
 - NCCL: new_group / new_subgroups with an NCCL backend, torch.distributed.ProcessGroupNCCL and
   torch.cuda.nccl's collectives refuse;
+- torch's inline-extension builds rewrite multimem instructions into unicast accesses, scan what was
+  built and bind it to the emulated multicast windows (harness.emulation.build_hook);
 - the environment keeps NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
   NVSHMEM_DISABLE_NVLS=1) for anything the rank starts.
 Refusals raise harness.emulation.errors.NotAvailableInEmulation.
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from harness.common.safe_env import SAFE_ENV
-from harness.emulation import api
+from harness.emulation import api, build_hook
 from harness.emulation.errors import NotAvailableInEmulation
 
 # torch.ops.symm_mem operators that touch a plain tensor only: torch's own kernels serve them.
@@ -51,6 +53,7 @@ def install(store: Any = None) -> api.Emulation:
     _patch_low_level_class(emulation)
     _refuse_operators()
     _refuse_nccl()
+    build_hook.install(strict=True, bind=emulation.multicast.bind)
     return emulation
 
 
@@ -62,6 +65,7 @@ def uninstall() -> None:
     """Restore what install() replaced (tests only: a rank process never goes back)."""
     for (owner, name), value in _installed.pop("attributes", {}).items():
         setattr(owner, name, value)
+    build_hook.uninstall()
     library = _installed.pop("library", None)
     if library is not None:
         library._destroy()
