@@ -46,7 +46,7 @@ def all_command_modules() -> tuple[ModuleType, ...]:
     return tuple(command_module(command) for command in COMMANDS)
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> tuple[ModuleType, ...]:
     """`COMMAND_MODULES`: every command's module, imported when first asked for (`pkb run ...` imports run's
     alone: the others' imports would only slow its answer)."""
     if name == "COMMAND_MODULES":

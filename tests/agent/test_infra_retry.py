@@ -71,7 +71,8 @@ class Clock:
     """The runner's clock and sleep: a sleep only moves the clock on, and is recorded."""
 
     def __init__(self, on_sleep: Callable[[float], None] | None = None) -> None:
-        self.now, self.sleeps, self.on_sleep = 0.0, [], on_sleep
+        self.now, self.on_sleep = 0.0, on_sleep
+        self.sleeps: list[float] = []
 
     def __call__(self) -> float:
         return self.now
@@ -110,7 +111,7 @@ def test_an_infra_error_is_judged_again_after_waits_of_minutes(tmp_path, monkeyp
     judgements_failing = 3
     flaky = Flaky({"all_reduce"}, lambda n: n <= judgements_failing * agent.scoring.INFRA_ATTEMPTS)
     monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
-    clock, models = Clock(), []
+    clock, models = Clock(), list[int]()
     runner = _runner(tmp_path, clock, models)
     summary = runner.run()
 
@@ -142,7 +143,7 @@ def test_a_sample_left_in_infra_error_is_judged_again_on_resume(tmp_path, monkey
     failure gone judges it, and the earlier judgements stay in attempts/."""
     flaky = Flaky({"all_reduce"}, lambda n: True)
     monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
-    clock, models = Clock(), []
+    clock, models = Clock(), list[int]()
     summary = _runner(tmp_path, clock, models, infra_waits_s=[60.0]).run()
     assert clock.sleeps == [60.0] and summary.infra_errors == 1 and summary.complete
     assert [r["verdict"] for r in summary.infra_records] == ["infra_error"]
@@ -167,7 +168,7 @@ def test_a_lasting_infra_cause_is_not_waited_on(tmp_path, monkeypatch):
     monkeypatch.setattr("tests.agent.test_infra_retry.CAUSE", lasting)
     flaky = Flaky({"all_reduce"}, lambda n: True)
     monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
-    clock, models = Clock(), []
+    clock, models = Clock(), list[int]()
     summary = _runner(tmp_path, clock, models).run()
     assert clock.sleeps == [] and flaky.calls == 1
     assert summary.infra_errors == 1 and summary.records[0]["infra_cause"] == lasting
@@ -183,7 +184,7 @@ def test_ctrl_c_during_a_wait_stops_the_run_at_once(tmp_path, monkeypatch, fresh
         cancel.request()
         cancel.sleep(seconds)  # returns at once, raising Cancelled: nothing here waits 30 s
 
-    clock, models = Clock(on_sleep=interrupted), []
+    clock, models = Clock(on_sleep=interrupted), list[int]()
     runner = _runner(tmp_path, clock, models)
     with pytest.raises(RunInterrupted) as caught:
         runner.run()

@@ -121,7 +121,7 @@ def test_a_reply_over_the_limits_never_reaches_the_state():
     assert [c["id"] for c in kept.tool_calls] == ["c2"]  # the call within the limits still runs
     assert len(json.dumps(kept.model_dump(), default=str)) < 10_000
     refusal = next(b for b in kept.invalid_tool_calls if b["id"] == "c1")
-    assert refusal["error"].startswith(REFUSED)
+    assert str(refusal["error"]).startswith(REFUSED)
     answer = invalid_call_answer(dict(refusal))
     assert answer.startswith("error: check: `source` is") and f"{MAX_SOURCE_BYTES:,} bytes" in answer
     assert "could not be parsed" in invalid_call_answer(dict(next(b for b in kept.invalid_tool_calls

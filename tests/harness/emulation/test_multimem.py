@@ -19,7 +19,7 @@ import torch
 
 from harness.common import failures
 from harness.common.paths import REPO_ROOT
-from harness.emulation import build_hook, errors, multicast_layout, multimem_rewrite
+from harness.emulation import build_hook, errors, multicast_layout, multimem_rewrite, multimem_scan
 from harness.emulation.errors import NotAvailableInEmulation
 from harness.emulation.handle import EmulatedSymmetricMemory
 from harness.emulation.multicast_windows import MulticastWindows
@@ -110,6 +110,7 @@ def test_validity_table_agrees_with_ptxas(tmp_path):
         ptx.write_text(".version 8.8\n.target sm_90a\n.address_size 64\n.visible .entry k(.param .u64 p) {\n"
                        ".reg .b32 %r<10>; .reg .f32 %f<10>; .reg .b64 %rd<10>; .reg .f64 %fd<10>; .reg .b16 %h<10>;\n"
                        f"ld.param.u64 %rd0, [p];\n{text}\nret;\n}}\n")
+        assert PTXAS is not None
         done = subprocess.run([PTXAS, "-arch=sm_90a", str(ptx), "-o", os.devnull], capture_output=True, check=False)
         actual.append(done.returncode == 0)
     assert [t for t, e, a in zip(lines, expected, actual) if e != a] == []
@@ -377,7 +378,11 @@ def test_load_inline_under_any_name_writes_the_rewritten_source(hooked, tmp_path
     from torch.utils.cpp_extension import load_inline as bound_early
 
     built: list[list[str]] = []
-    monkeypatch.setattr(cpp_extension, "_jit_compile", lambda name, sources, *a, **k: built.append(sources) or "ext")
+    def jit_compile(name, sources, *a, **k):
+        built.append(sources)
+        return "ext"
+
+    monkeypatch.setattr(cpp_extension, "_jit_compile", jit_compile)
     hooked.install(strict=True)
     assert bound_early(name="t", cpp_sources="", cuda_sources=MULTIMEM_CU, build_directory=str(tmp_path)) == "ext"
     written = (tmp_path / "cuda.cu").read_text()
@@ -414,19 +419,24 @@ def test_the_precompile_hook_writes_unrewritable_sources_as_they_are(hooked, tmp
 def test_a_rewritten_library_is_scanned_before_it_loads_and_bound_after(hooked, tmp_path, monkeypatch):
     from torch.utils import cpp_extension
 
-    loaded, bound = [], []
-    monkeypatch.setattr(cpp_extension, "_import_module_from_library",
-                        lambda name, path, is_python_module: loaded.append(name) or "module")
+    loaded: list[str] = []
+    bound: list[str] = []
+
+    def import_module(name, path, is_python_module):
+        loaded.append(name)
+        return "module"
+
+    monkeypatch.setattr(cpp_extension, "_import_module_from_library", import_module)
     hooked.install(strict=True, bind=bound.append)
     cpp_extension._maybe_write(str(tmp_path / "cuda.cu"), MULTIMEM_CU)
     library = str(tmp_path / f"ext{cpp_extension.LIB_EXT}")
-    monkeypatch.setattr(build_hook.multimem_scan, "scan", lambda path: build_hook.multimem_scan.ScanResult(
+    monkeypatch.setattr(multimem_scan, "scan", lambda path: multimem_scan.ScanResult(
         path, findings=["sass: LDGMC.E.ADD.BF16x8.RN.STRONG.SYS R8, [R2.64+URZ]"], views=["sass"]))
     with pytest.raises(NotAvailableInEmulation, match="LDGMC"):
         cpp_extension._import_module_from_library("ext", str(tmp_path), True)
     assert loaded == [] and bound == []
-    monkeypatch.setattr(build_hook.multimem_scan, "scan",
-                        lambda path: build_hook.multimem_scan.ScanResult(path, views=["sass", "ptx"]))
+    monkeypatch.setattr(multimem_scan, "scan",
+                        lambda path: multimem_scan.ScanResult(path, views=["sass", "ptx"]))
     assert cpp_extension._import_module_from_library("ext", str(tmp_path), True) == "module"
     assert loaded == ["ext"] and bound == [library]
     other = tmp_path / "other"

@@ -104,7 +104,7 @@ def test_the_executor_admits_by_the_budget_the_harness_uses(all_reduce, tmp_path
     candidate = tmp_path / "c.py"
     candidate.write_text("def solution(x):\n    return x\n")
     request = EvalRequest.build(all_reduce, candidate, world_size=2)
-    executor = LocalExecutor(SimpleNamespace(memory=MemoryGate(1 << 40)))  # type: ignore[arg-type]
+    executor = LocalExecutor(SimpleNamespace(memory=MemoryGate(1 << 40)))
     expected = evaluation_limits(all_reduce, "small", 2, "cpu", IntegrityConfig.for_device("cpu"))
     assert executor.memory_budget(request, EvalConfig()) == int(expected.memory_bytes * (1 + REFERENCE_SHARE))
 
@@ -113,7 +113,7 @@ def test_an_evaluation_runs_inside_the_gate(all_reduce, tmp_path: Path, monkeypa
     candidate = tmp_path / "c.py"
     candidate.write_text("def solution(x):\n    return x\n")
     gate = MemoryGate(1 << 40)
-    executor = LocalExecutor(SimpleNamespace(memory=gate, lease=None))  # type: ignore[arg-type]
+    executor = LocalExecutor(SimpleNamespace(memory=gate, lease=None))
     executor.scheduler = None  # no devices: the gate alone
     seen: list[int] = []
 
