@@ -42,6 +42,7 @@ from agent.runner import (
 )
 from agent.scheduler import DeviceScheduler, SchedulerError
 from agent.usage import PriceTable, PriceTableError, load_price_table
+from harness.common import failures
 from harness.common.flags import is_emulated
 from harness.emulation import layout
 from harness.problems.problem import Problem
@@ -350,14 +351,22 @@ def _print_incomplete(summary: RunSummary, run_dir: RunDir) -> None:
     records = summary.infra_records
     console.print(f"[red]INCOMPLETE:[/red] {len(records)} sample(s) still in infra_error (the harness's or the "
                   "machine's failure, not the model's): they count in no rate until judged")
+    lasting = False
     for r in records:
         attempts = r.get("attempts") or []
-        causes = ", ".join(str(a.get("infra_cause") or "unknown") for a in attempts) or str(r.get("infra_cause"))
+        raw = [str(a.get("infra_cause") or "unknown") for a in attempts] or [str(r.get("infra_cause"))]
+        lasting = lasting or raw[-1] in failures.LASTING_INFRA_CAUSES
+        causes = ", ".join(f"{c} ({failures.INFRA_CAUSE_LABELS[c]})" if c in failures.INFRA_CAUSE_LABELS else c
+                           for c in raw)
         message = next((str(a.get("message")) for a in reversed(attempts) if a.get("message")), "")
         where = f"{r.get('problem')}/{r.get('condition')}/{r.get('sample')}"
         line = f"  {where}: {len(attempts) or 1} judgement(s), cause(s): {causes}" + (f"; {message}" if message else "")
         console.print(plain(line))
     console.print(plain(f"retry them with: {retry_infra_command(summary.run_id, run_dir.path.parent)}"))
+    if lasting:  # the same machine meets a lasting cause again: where it can go (docs/reading-numbers.md)
+        console.print(plain("  a lasting cause (environment, sandbox, emulation) comes back on this machine: retry "
+                            "where it is gone (a GPU machine with --device cuda, the missing package installed, "
+                            "bubblewrap installed, one rank per GPU)"))
 
 
 def _print_summary(summary: RunSummary, run_dir: RunDir, ranks_per_gpu: int = 1) -> None:

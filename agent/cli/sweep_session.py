@@ -316,6 +316,9 @@ def _run_cell(p: Planned, directory: SweepDir, within: run_session.Within) -> tu
         raise CliError(f"cell {p.cell.id}: {err}") from None
     if summary.fatal:
         return "stopped", f"cell {p.cell.id}: {summary.fatal}"
+    if summary.complete and summary.infra_errors:  # not done: running the sweep again judges them again
+        return (f"incomplete: {summary.infra_errors} sample(s) in infra_error (running the sweep again judges them "
+                "again)"), None
     if summary.complete:
         directory.mark_done(p.cell, samples=summary.total,
                             correct=sum(1 for r in summary.records if r.get("correct")))
@@ -342,8 +345,8 @@ def _search_cell(p: Planned, directory: SweepDir) -> str:
 
 
 def print_outcomes(sweep: Sweep, outcomes: Sequence[tuple[Planned, str]], directory: SweepDir) -> None:
-    table = Table(title=plain(f"sweep {sweep.name}: {sum(1 for _, o in outcomes if not o.startswith('unfinished'))}"
-                              f" of {len(outcomes)} cells ended"))
+    ended = sum(1 for _, o in outcomes if not o.startswith(("unfinished", "incomplete")))
+    table = Table(title=plain(f"sweep {sweep.name}: {ended} of {len(outcomes)} cells ended"))
     table.add_column("cell", no_wrap=True)  # whole: it names the cell's folder
     table.add_column("outcome")
     for p, outcome in outcomes:
@@ -383,7 +386,7 @@ def execute(sweep: Sweep, args: argparse.Namespace) -> int:
     print_outcomes(sweep, outcomes, directory)
     if fatal is not None:
         raise CliError(f"{fatal}; continue with: {hint}")
-    if any(o.startswith("unfinished") for _, o in outcomes) or len(outcomes) < len(planned):
+    if any(o.startswith(("unfinished", "incomplete")) for _, o in outcomes) or len(outcomes) < len(planned):
         console.print(plain(f"continue with: {hint}"))
         return 1
     return 0

@@ -30,7 +30,7 @@ INFRA_CAUSES = {
 }
 # The same causes in a reader's words (reports, exports, the console), beside the recorded cause.
 INFRA_CAUSE_LABELS = {
-    "environment": "environment: missing package",
+    "environment": "this machine lacks a package or CUDA that it needs",
     "sandbox": "sandbox failed to start",
     "launch": "rank pool did not start",
     "reference": "reference failed",

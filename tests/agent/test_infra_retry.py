@@ -213,7 +213,9 @@ def test_pkb_run_says_incomplete_then_retry_infra_judges_only_those_samples(tmp_
                          "--run-id", "r"])
     out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert code == 1, out
-    assert "INCOMPLETE" in out and "all_gather/replay/0" in out and f"{CAUSE}, {CAUSE}" in out, out
+    label = f"{CAUSE} ({failures.INFRA_CAUSE_LABELS[CAUSE]})"  # the recorded cause, and in a reader's words
+    assert "INCOMPLETE" in out and "all_gather/replay/0" in out and f"{label}, {label}" in out, out
+    assert "a lasting cause" not in out  # a launch failure may clear here: no word on going elsewhere
     assert f"pkb run --run-id r --retry-infra --runs-dir {runs}" in out, out
     assert flaky.calls == 2 * agent.scoring.INFRA_ATTEMPTS
     samples = runs / "r" / "samples"
