@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,6 @@ from tests.conftest import CANDIDATES
 CAUSE = "launch"  # not a lasting cause: agent.scoring tries it INFRA_ATTEMPTS times in a row
 
 
-@pytest.fixture
-def fresh_cancel() -> Iterator[None]:
-    """harness.cancel is per process: a test that interrupts must leave it, and the signal handlers (the stop sets
-    them to end the process on a second signal), as they were."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cancel.reset()
-    yield
-    cancel.reset()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 def _infra(problem: Any, path: Path) -> EvalResult:

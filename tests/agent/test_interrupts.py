@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,6 @@ CORRECT = CANDIDATES / "correct_all_gather_sum.py"
 LONG = CANDIDATES / "computes_for_long.py"  # 200 s of work per call: its check would take the whole 120 s limit
 
 
-@pytest.fixture
-def fresh_cancel() -> Iterator[None]:
-    """harness.cancel is per process: a test that interrupts must leave it, and the signal handlers, as they were."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cancel.reset()
-    yield
-    cancel.reset()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 # -- in process -------------------------------------------------------------------------------------------
