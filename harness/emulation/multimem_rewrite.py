@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from harness.emulation import multicast_layout as layout
@@ -224,9 +225,10 @@ def _code_spans(text: str) -> list[tuple[int, int, str]]:
 _ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b(?:\s+(?:volatile|__volatile__|__volatile|inline|goto)\b)*\s*\(")
 
 
-def _matching_paren(text: str, open_at: int) -> int:
-    depth = 0
-    i = open_at
+def _bracket_code(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, bracket depth after it) of every character of `text` from `start` that is code: the
+    contents of literals and comments are stepped over."""
+    depth, i = 0, start
     while i < len(text):
         c = text[i]
         if c in "\"'":
@@ -239,32 +241,25 @@ def _matching_paren(text: str, open_at: int) -> int:
             depth += 1
         elif c in ")]}":
             depth -= 1
-            if depth == 0:
-                return i
+        yield i, c, depth
         i += 1
+
+
+def _matching_paren(text: str, open_at: int) -> int:
+    for i, c, depth in _bracket_code(text, open_at):
+        if c in ")]}" and depth == 0:
+            return i
     raise _NotRewritable(text[open_at:open_at + 60], "unbalanced parentheses in an asm statement")
 
 
 def _split_top(text: str, separator: str) -> list[str]:
     """`text` split at `separator` outside brackets, literals and comments."""
     parts: list[str] = []
-    depth, i, start = 0, 0, 0
-    while i < len(text):
-        c = text[i]
-        if c in "\"'":
-            i = _skip_quoted(text, i)
-            continue
-        if text.startswith("//", i) or text.startswith("/*", i):
-            i = _skip_comment(text, i)
-            continue
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == separator and depth == 0:
+    start = 0
+    for i, c, depth in _bracket_code(text):
+        if c == separator and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     parts.append(text[start:])
     return parts
 
