@@ -108,7 +108,15 @@ class ScriptedChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
 
-class LongAnswerChatModel(BaseChatModel):
+class _BindsTools(BaseChatModel):
+    """A test model that takes the tools it is given as OpenAI schemas, and keeps nothing of them."""
+
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any], *,
+                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
+        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
+
+
+class LongAnswerChatModel(_BindsTools):
     """Every reply: `answer_tokens` tokens of text (cut to the request's `max_tokens`, as a server cuts a
     reply, finish_reason "length") and the same tool call, `tool` with `args`. Its usage is what it read
     (the messages and the tool schemas, counted as agent.context counts them) and what it wrote; each
@@ -122,10 +130,6 @@ class LongAnswerChatModel(BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "scripted-long"
-
-    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any], *,
-                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
-        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -184,7 +188,7 @@ _PROBLEM_LINE = re.compile(r"^# Problem: (\S+)", re.M)  # prompts/task.md's firs
 ANY = "*"
 
 
-class AnswerTableChatModel(BaseChatModel):
+class AnswerTableChatModel(_BindsTools):
     """Answers every call from a table: condition -> problem -> code (None: a reply without code).
 
     The condition is read from the tools bound to the call (none: zero-shot; else agent:<tools>, recall and
@@ -203,10 +207,6 @@ class AnswerTableChatModel(BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "scripted-answers"
-
-    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable[..., Any] | Any], *,
-                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
-        return self.bind(tools=[convert_to_openai_tool(tool) for tool in tools], **kwargs)
 
     def condition(self, tools: Sequence[dict[str, Any]] | None) -> str:
         # Deferred: agent.conditions reads the tool registry, which a plain scripted script never needs.
