@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from agent.report.leases import last_pass_summary  # noqa: E402
 from benchmarks.budgeted_child import ChildRun, Segments, run_for  # noqa: E402
+from harness.problems.parallelkernelbench.multicast import multicast_reason  # noqa: E402
 
 # The replay's segments (one per machine it ran on), kept beside the run folder.
 SEGMENTS = "replay-segments.json"
@@ -77,7 +78,7 @@ def run_replay(args: argparse.Namespace, set_dir: Path, runs: Path, history: Seg
                    env={**os.environ, "PYTHONPATH": REPO_FIRST}, on_tick=history.update)
 
 
-def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
+def rows_of(run: Path, files: list[str], set_dir: Path) -> list[dict[str, Any]]:
     matches = json.loads((run / "replay_matches.json").read_text()) if (run / "replay_matches.json").exists() else {}
     by_problem = {m.get("problem"): m.get("file") for m in matches.get("files", []) if isinstance(m, dict)}
     rows = []
@@ -104,10 +105,13 @@ def rows_of(run: Path, files: list[str]) -> list[dict[str, Any]]:
         if row["verdict"] == "infra_error":
             row["cause"] = cause_of(message)
         rows.append(row)
+    for row in rows:  # a file that uses NVLink multicast runs here only through the multimem rewrite (issue 48)
+        row["multicast"] = bool(row["file"]) and multicast_reason(set_dir / row["file"]) is not None
         seen.add(row["file"])
     for name in files:
         if name not in seen and not any(r["file"] == name for r in rows):
-            rows.append({"file": name, "problem": "", "status": "not started", "verdict": None})
+            rows.append({"file": name, "problem": "", "status": "not started", "verdict": None,
+                         "multicast": multicast_reason(set_dir / name) is not None})
     return rows
 
 
@@ -127,6 +131,14 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
     def median(xs: list[float]) -> str:
         return f"{xs[len(xs) // 2]:.1f}" if xs else "-"
 
+    # The 2026-12-01 column is GPT-5.5's set; another set's table has only its own column.
+    before = BEFORE if "openai_gpt-5.5" in args.set.name else None
+
+    def was(text: str) -> str:
+        return f" {text} |" if before else ""
+
+    multicast = [r for r in rows if r.get("multicast")]
+    multicast_verdicts = Counter(str(r["verdict"] or r.get("status")) for r in multicast)
     lines = [f"# Replay of {args.set.name} on one GPU, emulated W = 2", "",
              f"Command wall: {wall_s:.0f} s"
              f"{f' over {segments} segments (resumed)' if segments > 1 else ''} "
@@ -134,25 +146,32 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
              f"{'finished' if finished else 'stopped before the end'}), concurrency {args.concurrency}, "
              f"evaluations per GPU {args.evaluations_per_gpu}, "
              f"device {args.device}.", "",
-             "| | this run | 2026-12-01 |", "|---|---|---|",
-             f"| files finished | {len(done)} of {len(rows)} | {BEFORE['finished']} |",
-             *[f"| {v} | {verdicts.get(v, 0)} | {BEFORE['verdicts'].get(v, 0)} |"
-               for v in sorted(set(verdicts) | set(BEFORE["verdicts"]), key=str)],
-             f"| infra_error causes | {', '.join(f'{c}: {n}' for c, n in causes.most_common()) or '-'} | "
-             f"{BEFORE['infra_error']} |",
-             f"| wall | {wall_s:.0f} s | {BEFORE['wall']} |",
-             f"| sample wall, median | {median(seconds)} s | 149 s |",
+             "| | this run |" + was("2026-12-01"), "|---|---|" + ("---|" if before else ""),
+             f"| files finished | {len(done)} of {len(rows)} |" + was(before["finished"] if before else ""),
+             *[f"| {v} | {verdicts.get(v, 0)} |" + was(str(before["verdicts"].get(v, 0)) if before else "")
+               for v in sorted(set(verdicts) | set(before["verdicts"] if before else ()), key=str)],
+             f"| infra_error causes | {', '.join(f'{c}: {n}' for c, n in causes.most_common()) or '-'} |"
+             + was(before["infra_error"] if before else ""),
+             f"| multicast files (rewritten to unicast) | {len(multicast)}: "
+             f"{', '.join(f'{v}: {n}' for v, n in multicast_verdicts.most_common()) or '-'} |"
+             + was("refused"),
+             f"| wall | {wall_s:.0f} s |" + was(before["wall"] if before else ""),
+             f"| sample wall, median | {median(seconds)} s |" + was("149 s"),
              f"| shared the GPU / judged again alone (same verdict alone) | {sum(1 for r in done if r.get('shared'))}"
-             f" / {len(again)} ({sum(1 for r in again if r['judged_again_alone'] == r['verdict'])}) | - |",
+             f" / {len(again)} ({sum(1 for r in again if r['judged_again_alone'] == r['verdict'])}) |" + was("-"),
              f"| compile stage, median (p90) | {median(compile_s)} s "
-             f"({compile_s[int(0.9 * (len(compile_s) - 1))]:.1f} s) |" if compile_s else "| compile stage | - |",
+             f"({compile_s[int(0.9 * (len(compile_s) - 1))]:.1f} s) |" + was("-") if compile_s
+             else "| compile stage | - |" + was("-"),
              "",
-             "| file | problem | verdict | s | compile s | build in call s | GPU held s | check s | cause / reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| file | multicast | problem | verdict | s | compile s | build in call s | GPU held s | check s "
+             "| cause / reason |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (int(r["file"].split("_")[0]) if r["file"][:1].isdigit() else 999,
                                          r["file"])):
         reason = r.get("cause") or r.get("reason") or r.get("status") or ""
-        lines.append(f"| {r['file']} | {r['problem']} | {r['verdict'] or r.get('status')} | {r.get('seconds') or ''} "
+        mark = "yes" if r.get("multicast") else ""
+        lines.append(f"| {r['file']} | {mark} | {r['problem']} | {r['verdict'] or r.get('status')} "
+                     f"| {r.get('seconds') or ''} "
                      f"| {r.get('compile_s') or ''} | {r.get('build_in_call_s') or ''} | {_seconds(r.get('held_s'))} "
                      f"| {_seconds(r.get('check_s'))} | {str(reason).replace('|', '/')[:140]} |")
     return "\n".join(lines) + "\n"
@@ -195,7 +214,7 @@ def main() -> int:
     segments = history.update(child.wall_s, child.ended)
     wall_s = history.wall_s
     finished = child.ended == "done"
-    rows = rows_of(runs / "replay", files)
+    rows = rows_of(runs / "replay", files, set_dir)
     events = runs / "replay" / "events.jsonl"
     leases = last_pass_summary(events) if events.exists() else []
     (args.out / "replay.json").write_text(json.dumps({

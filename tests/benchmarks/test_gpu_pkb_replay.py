@@ -42,5 +42,23 @@ def test_each_file_shows_how_long_it_held_the_gpu_and_how_long_its_check_took() 
     vae = {"file": "79_vae.py", "problem": "78_vae", "status": "running", "verdict": None}
     rows: list[dict[str, Any]] = [magi, vae]
     table = replay.markdown(rows, 900.0, False, args)
-    assert "| 78_magi.py | 77_magi | output_mismatch | 554.7 | 127.6 |  | 243.0 | 101.0 | bad |" in table
-    assert "| 79_vae.py | 78_vae | running |  |  |  |  |  | running |" in table
+    assert "| 78_magi.py |  | 77_magi | output_mismatch | 554.7 | 127.6 |  | 243.0 | 101.0 | bad |" in table
+    assert "| 79_vae.py |  | 78_vae | running |  |  |  |  |  | running |" in table
+
+
+def test_multicast_files_are_marked_and_their_verdicts_counted_and_only_gpt55_gets_the_old_column() -> None:
+    """Issue 48: every multicast file's verdict is listed; the 2026-12-01 column is GPT-5.5's set's alone."""
+    rows: list[dict[str, Any]] = [
+        {"file": "1_ar.py", "problem": "1_allreduce", "status": "finished", "verdict": "correct", "multicast": True},
+        {"file": "4_r.py", "problem": "4_reduce", "status": "finished", "verdict": "output_mismatch",
+         "multicast": True},
+        {"file": "5_s.py", "problem": "5_scatter", "status": "finished", "verdict": "correct", "multicast": False}]
+    for name, old_column in (("solutions_cuda_bf16_h100_8_anthropic_claude-opus-4-7", False),
+                             ("solutions_cuda_bf16_h100_8_openai_gpt-5.5", True)):
+        args = argparse.Namespace(set=Path(name), budget_s=540.0, concurrency=14, evaluations_per_gpu=4,
+                                  device="cuda")
+        table = replay.markdown(rows, 900.0, True, args)
+        assert "| multicast files (rewritten to unicast) | 2: correct: 1, output_mismatch: 1 |" in table
+        assert "| 1_ar.py | yes | 1_allreduce | correct |" in table
+        assert "| 5_s.py |  | 5_scatter | correct |" in table
+        assert ("2026-12-01" in table) is old_column
