@@ -555,6 +555,10 @@ PKB_MC_FN u32 narrow_bf16x2(float2 f) { return of_b2(__floats2bfloat162_rn(f.x, 
 """
 
 PRELUDE_MARK = "// pkb-agent: multimem emulated with unicast accesses (docs/emulation.md)"
+# Ends the prelude: the compiler counts the candidate's lines from 1 again, under a name that is no file. Under
+# the file's own name gcc would print the rewritten file's line (the prelude's text) beside the candidate's
+# line number: an error at a candidate's include showed a line of the prelude (Gemini 3 Pro's 4_reduce).
+LINE_RESET = '#line 1 "cuda.cu (as written, before the multimem rewrite)"'
 BIND_SYMBOL = "pkb_mc_bind"
 
 
@@ -586,7 +590,7 @@ extern "C" __attribute__((visibility("default"))) int {BIND_SYMBOL}(unsigned lon
   const unsigned long long* p = reinterpret_cast<const unsigned long long*>(table);
   return (int)cudaMemcpyToSymbol(pkb_mc::table, &p, sizeof(p));
 }}
-#line 1
+{LINE_RESET}
 """
 
 

@@ -44,7 +44,7 @@ def code_only(source: str) -> str:
 
 def body(result: multimem_rewrite.RewriteResult) -> str:
     """The rewritten source after the prelude."""
-    return result.source.split("#line 1\n", 1)[1]
+    return result.source.split(multimem_rewrite.LINE_RESET + "\n", 1)[1]
 
 
 # -- the opcode ---------------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def test_the_prelude_is_generated_from_the_layout():
                   multicast_layout.WINDOW_WORDS):
         assert str(value) in text
     assert f'extern "C" __attribute__((visibility("default"))) int {multimem_rewrite.BIND_SYMBOL}(' in text
-    assert text.rstrip().endswith("#line 1")
+    assert text.rstrip().endswith(multimem_rewrite.LINE_RESET)
 
 
 # -- the fixtures -------------------------------------------------------------------------------------------
@@ -294,6 +294,22 @@ def test_an_invalid_instruction_fails_the_build_as_the_original_does(tmp_path):
     rewritten = nvcc_cubin(rewrite(source).source, tmp_path, "rewritten")
     assert original.returncode != 0 and rewritten.returncode != 0
     assert ".max with .f32 is not a valid PTX instruction" in rewritten.stdout + rewritten.stderr
+
+
+@needs_nvcc
+def test_a_build_error_after_the_rewrite_names_the_candidates_line_and_never_shows_the_preludes_text(tmp_path):
+    """Gemini 3 Pro's 4_reduce on the H100 (2026-12-07): its missing include was reported at its own line 9, with
+    line 9 of the rewritten file (the prelude's) printed under it. The model reads that message."""
+    source = ('#include <cuda_runtime.h>\n'
+              '__global__ void k(float* v, unsigned long long p) { asm volatile('
+              '"multimem.ld_reduce.relaxed.sys.global.add.f32 %0, [%1];" : "=f"(*v) : "l"(p) : "memory"); }\n'
+              '#include <pkb/no_such_header.h>\n')
+    built = nvcc_cubin(rewrite(source).source, tmp_path, "rewritten")
+    said = built.stdout + built.stderr
+    assert built.returncode != 0 and "pkb/no_such_header.h" in said
+    assert "before the multimem rewrite" in said and ":3:" in said  # the candidate's line 3, under the reset name
+    prelude_lines = {line.strip() for line in multimem_rewrite.prelude().splitlines() if len(line.strip()) > 8}
+    assert not any(line.strip() in prelude_lines for line in said.splitlines())
 
 
 # -- layout, windows and the handle -------------------------------------------------------------------------
@@ -387,7 +403,7 @@ def test_load_inline_under_any_name_writes_the_rewritten_source(hooked, tmp_path
     assert bound_early(name="t", cpp_sources="", cuda_sources=MULTIMEM_CU, build_directory=str(tmp_path)) == "ext"
     written = (tmp_path / "cuda.cu").read_text()
     assert written.startswith(multimem_rewrite.PRELUDE_MARK) and "#include <torch/types.h>" in written
-    assert "multimem." not in code_only(written.split("#line 1\n", 1)[1])
+    assert "multimem." not in code_only(written.split(multimem_rewrite.LINE_RESET + "\n", 1)[1])
     assert built == [[str(tmp_path / "main.cpp"), str(tmp_path / "cuda.cu")]]
 
 
