@@ -69,9 +69,12 @@ def find_cuobjdump() -> str | None:
 
 def _dump(tool: str, view: str, path: Path) -> tuple[str, str]:
     """(text, error) of `cuobjdump -<view> path`; text '' with no error when there is no device code."""
+    # cuobjdump runs nvdisasm for SASS; the wheels (nvidia-cuda-cuobjdump, -nvdisasm) put it beside cuobjdump,
+    # where the toolkit has it too, but not on PATH.
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")])}
     try:
         done = subprocess.run([tool, f"-{view}", str(path)], capture_output=True, text=True, errors="replace",
-                              timeout=SCAN_TIMEOUT_S, check=False)
+                              timeout=SCAN_TIMEOUT_S, check=False, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return "", f"cuobjdump -{view}: {type(exc).__name__}: {exc}"
     if done.returncode != 0:
