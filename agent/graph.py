@@ -61,7 +61,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
 from agent import caching, final_scoring, prompting, scoring
-from agent.budgets import Budget, BudgetTracker, Spent
+from agent.budgets import MAX_WALL, Budget, BudgetTracker, Spent
 from agent.conditions import BASH, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
 from agent.executors.interface import Executor
@@ -70,7 +70,7 @@ from agent.executors.request import EvalRequest
 from agent.model_spec import ProviderError
 from agent.model_table import load_model_table
 from agent.reasoning import least_reply, reply_limit
-from agent.retry import invoke_model
+from agent.retry import WALL, invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
@@ -353,9 +353,15 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
         call = bound if limit.max_tokens is None else \
             bound.bind(**reply_limit(ctx.provider, info, ctx.model, limit.max_tokens))
         try:
-            reply = bound_reply(invoke_model(call, request, attempts=ctx.model_attempts, log=log))
+            wall_left = spend.wall_left()  # the request's timeout and retries end with the wall budget
+            reply = bound_reply(invoke_model(call, request, attempts=ctx.model_attempts, log=log, wall_left=None if
+                                             wall_left is None else wall_left - (time.perf_counter() - started)))
         except ProviderError as err:
             spend.record_wall(time.perf_counter() - started)
+            if err.kind == WALL:  # cut by the wall budget: the budget's stop, not the model's error
+                if log is not None:
+                    log.info("budget_stop", reason=MAX_WALL.value, during_request=str(err), spent=spend.spent.as_dict())
+                return {"stop_reason": MAX_WALL.value, "spent": spend.spent.as_dict(), "context": context.as_dict()}
             if is_fatal(err):
                 raise FatalProviderError(str(err), kind=err.kind, status=err.status) from err
             if is_transient(err):  # leaves the graph: the checkpoint stays before this call
