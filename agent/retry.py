@@ -112,7 +112,8 @@ def invoke_model(
     retrying = Retrying(
         stop=stop,
         wait=wait,
-        retry=retry_if_exception(is_retryable),
+        # a timeout the budget cut spent all the time left: never retried
+        retry=retry_if_exception(lambda e: is_retryable(e) and not (timeout_cut and isinstance(e, TIMEOUT_ERRORS))),
         sleep=sleep,
         before_sleep=before_sleep,
         reraise=True,
