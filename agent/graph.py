@@ -39,8 +39,10 @@ Provider errors, after agent.retry's retries:
   sample stays unfinished and `--resume` continues it (an infrastructure failure, not the model's);
 - a prompt the server refuses as longer than the model's context stops the sample with
   `context_overflow` (as pkb's own check does before sending);
-- anything else the server refuses (a 400) is final for this sample: it stops with `model_error`.
-In both cases its last candidate, if any, is scored.
+- anything else the server refuses (a 400) is final for this sample: it stops with `model_error`;
+- a request the wall budget cut (agent.retry: each attempt's timeout and each wait between attempts end with
+  what is left of it) stops the sample with `max_wall`, never `model_error`.
+In these cases its last candidate, if any, is scored.
 
 The state holds only JSON-like values and LangChain messages, so the SQLite checkpointer can store it
 after every node; a killed run resumes a sample at the node it was in.
