@@ -39,8 +39,10 @@ Provider errors, after agent.retry's retries:
   sample stays unfinished and `--resume` continues it (an infrastructure failure, not the model's);
 - a prompt the server refuses as longer than the model's context stops the sample with
   `context_overflow` (as pkb's own check does before sending);
-- anything else the server refuses (a 400) is final for this sample: it stops with `model_error`.
-In both cases its last candidate, if any, is scored.
+- anything else the server refuses (a 400) is final for this sample: it stops with `model_error`;
+- a request the wall budget cut (agent.retry: each attempt's timeout and each wait between attempts end with
+  what is left of it) stops the sample with `max_wall`, never `model_error`.
+In these cases its last candidate, if any, is scored.
 
 The state holds only JSON-like values and LangChain messages, so the SQLite checkpointer can store it
 after every node; a killed run resumes a sample at the node it was in.
@@ -61,7 +63,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
 from agent import caching, final_scoring, prompting, scoring
-from agent.budgets import Budget, BudgetTracker, Spent
+from agent.budgets import MAX_WALL, Budget, BudgetTracker, Spent
 from agent.conditions import BASH, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
 from agent.executors.interface import Executor
@@ -70,7 +72,7 @@ from agent.executors.request import EvalRequest
 from agent.model_spec import ProviderError
 from agent.model_table import load_model_table
 from agent.reasoning import least_reply, reply_limit
-from agent.retry import invoke_model
+from agent.retry import WALL, invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
@@ -353,9 +355,15 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
         call = bound if limit.max_tokens is None else \
             bound.bind(**reply_limit(ctx.provider, info, ctx.model, limit.max_tokens))
         try:
-            reply = bound_reply(invoke_model(call, request, attempts=ctx.model_attempts, log=log))
+            wall_left = spend.wall_left()  # the request's timeout and retries end with the wall budget
+            reply = bound_reply(invoke_model(call, request, attempts=ctx.model_attempts, log=log, wall_left=None if
+                                             wall_left is None else wall_left - (time.perf_counter() - started)))
         except ProviderError as err:
             spend.record_wall(time.perf_counter() - started)
+            if err.kind == WALL:  # cut by the wall budget: the budget's stop, not the model's error
+                if log is not None:
+                    log.info("budget_stop", reason=MAX_WALL.value, during_request=str(err), spent=spend.spent.as_dict())
+                return {"stop_reason": MAX_WALL.value, "spent": spend.spent.as_dict(), "context": context.as_dict()}
             if is_fatal(err):
                 raise FatalProviderError(str(err), kind=err.kind, status=err.status) from err
             if is_transient(err):  # leaves the graph: the checkpoint stays before this call

@@ -5,12 +5,19 @@ over the model's context comes back as kind "context", so the loop can name that
 failure leaves as a ProviderError with a one-line message; a server still unreachable after the last
 attempt is named as such. Other exceptions (a bug, a malformed response) propagate unchanged. The
 provider SDKs' own retries are off (see agent.providers), so this loop is the only one.
+
+Within a wall budget (`wall_left`), every attempt's timeout is at most the time left (at least
+LEAST_TIMEOUT_S; the client's own timeout where that is shorter, agent.providers.DEFAULT_TIMEOUT_S by
+default), and no wait between attempts reaches past it: a
+request cut by the budget, or a retry the budget leaves no time for, leaves as ProviderError kind "wall"
+(WALL), which the agent loop books as the wall budget's stop (max_wall), never as the model's error.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +29,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from agent.providers import ProviderError
+from agent.providers import DEFAULT_TIMEOUT_S, ProviderError
 from harness import cancel
 
 STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
@@ -39,6 +46,11 @@ MAX_MESSAGE_CHARS = 300
 CONTEXT_WORDS = re.compile(r"context length|context window|context_length_exceeded|prompt is too long|"
                            r"maximum context|too many tokens|exceeds? (the )?(max(imum)? )?(model|context)", re.I)
 
+# ProviderError.kind of a request the wall budget ended (see the module doc).
+WALL = "wall"
+# The shortest timeout a request is given (a timeout must be positive; the guard let this request go).
+LEAST_TIMEOUT_S = 1.0
+
 _log = structlog.get_logger("agent.retry")
 
 
@@ -51,17 +63,25 @@ def invoke_model(
     max_wait_s: float = 60.0,
     sleep: Callable[[float], None] = cancel.sleep,
     log: Any = None,
+    wall_left: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AIMessage:
     """model.invoke(messages), retried up to `attempts` calls in all on 429, 5xx and connection errors.
 
     Waits grow exponentially from initial_wait_s (plus up to initial_wait_s of jitter), capped at
     max_wait_s; a Retry-After header from the server lengthens a wait, within the same cap. `sleep` (by
     default one that Ctrl-C ends at once, with harness.cancel.Cancelled) is injectable for tests; `log` is a
-    structlog logger (the run's, with its context bound) or None.
+    structlog logger (the run's, with its context bound) or None. `wall_left`: the seconds of the wall
+    budget left (None: no limit), which bound every attempt's timeout and wait (see the module doc); `clock`
+    (monotonic seconds) is injectable for tests.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     log = _log if log is None else log
+    deadline = None if wall_left is None else clock() + max(wall_left, 0.0)
+    own_timeout = _timeout(model)
+    timeout_cut = False  # the last attempt ran under a timeout the budget shortened
+    wall_stopped = False  # the budget ended the attempts (no time left to send one, or to wait for the next)
 
     def wait(state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
@@ -80,10 +100,20 @@ def invoke_model(
             error=_one_line(error),
         )
 
+    def stop(state: RetryCallState) -> bool:
+        nonlocal wall_stopped
+        if stop_after_attempt(attempts)(state):
+            return True
+        if deadline is not None and clock() + state.upcoming_sleep >= deadline:
+            wall_stopped = True  # the wait alone reaches the end of the budget: no attempt fits after it
+            return True
+        return False
+
     retrying = Retrying(
-        stop=stop_after_attempt(attempts),
+        stop=stop,
         wait=wait,
-        retry=retry_if_exception(is_retryable),
+        # a timeout the budget cut spent all the time left: never retried
+        retry=retry_if_exception(lambda e: is_retryable(e) and not (timeout_cut and isinstance(e, TIMEOUT_ERRORS))),
         sleep=sleep,
         before_sleep=before_sleep,
         reraise=True,
@@ -91,17 +121,31 @@ def invoke_model(
     calls = 0
 
     def call() -> BaseMessage:
-        nonlocal calls
+        nonlocal calls, timeout_cut
         calls += 1
-        return model.invoke(list(messages))
+        if deadline is None:
+            return model.invoke(list(messages))
+        timeout = min(max(deadline - clock(), LEAST_TIMEOUT_S), own_timeout)
+        timeout_cut = timeout < own_timeout
+        return model.invoke(list(messages), timeout=timeout)
 
     try:
         reply = retrying(call)
     except (*STATUS_ERRORS, *CONNECTION_ERRORS, ContextOverflowError) as error:
+        if is_retryable(error) and (wall_stopped or (timeout_cut and isinstance(error, TIMEOUT_ERRORS))):
+            raise wall_error(error, attempts=calls, wall_left=wall_left) from error
         raise to_provider_error(error, attempts=calls, model=model) from error
     if not isinstance(reply, AIMessage):
         raise ProviderError(f"the model returned a {type(reply).__name__}, not an AIMessage", kind="request")
     return reply
+
+
+def wall_error(error: BaseException, *, attempts: int, wall_left: float | None) -> ProviderError:
+    """The ProviderError (kind WALL) of a request the wall budget cut or left no retry for."""
+    budget = f"the {wall_left:.1f} s" if wall_left is not None else "the time"
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    return ProviderError(f"the wall budget ran out during the model request: {budget} left of it were spent "
+                         f"in {tries} (last: {_one_line(error)})", kind=WALL)
 
 
 def is_retryable(error: BaseException) -> bool:
@@ -170,6 +214,18 @@ def _one_line(error: BaseException | None) -> str:
         text = getattr(error, "message", None) or str(error) or type(error).__name__
     text = " ".join(text.split())
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _timeout(model: Any) -> float:
+    """The client's own timeout of one request (ChatOpenAI's request_timeout, ChatAnthropic's
+    default_request_timeout), else DEFAULT_TIMEOUT_S."""
+    while model is not None:
+        for name in ("request_timeout", "default_request_timeout"):
+            value = getattr(model, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                return float(value)
+        model = getattr(model, "bound", None)  # bind_tools wraps the model in a RunnableBinding
+    return DEFAULT_TIMEOUT_S
 
 
 def _metadata(model: Any) -> dict[str, Any]:

@@ -9,12 +9,15 @@ neither the checkpoints nor the transcript keep them; the model reads the refusa
 A tool call runs within what is left of the sample's wall budget (`wall_left`): a shell command is killed
 when it runs out, and every time limit of a harness evaluation (compile, start, load, check, build,
 timing, the reference's steps) is at most what was left when the call began; an evaluation cut that way
-reads as that phase's timeout in its record, and the sample then stops with max_wall.
+reads as that phase's timeout in its record, and the sample then stops with max_wall. The phases together
+are bounded too: the tool's harness work, queueing included, ends at ToolContext.deadline (tools.base
+.within_deadline), and the model reads that the wall budget ran out.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +103,17 @@ def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] 
     """The tools' view of the sample. Their device work goes through the sample's executor, else this node's
     (a LocalExecutor over the scheduler: native code is built before the devices are taken), as the final
     scoring's does (agent.scoring); each evaluation's device seconds are added to `spent`. `wall_left`: the
-    seconds of the sample's wall budget left, which bound the shell's commands and the harness's phases."""
+    seconds of the sample's wall budget left, which bound the shell's commands, the harness's phases and the
+    whole of each evaluation (`deadline`)."""
     executor = ctx.executor if ctx.executor is not None else LocalExecutor(ctx.scheduler)
     shell_s = ctx.shell_timeout_s if wall_left is None else min(ctx.shell_timeout_s, max(wall_left, LEAST_TOOL_S))
+    deadline = None if wall_left is None else time.monotonic() + max(wall_left, LEAST_TOOL_S)
     return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                        config=within_wall(ctx.config, wall_left), workdir=ctx.directory.path, gpus=gpus,
                        answer_tokens=ctx.answer_tokens,
                        evaluate=as_evaluate(executor, spent), on_devices=as_device_call(executor, spent),
                        shell_solution=ctx.shell_solution, shell_timeout_s=shell_s,
-                       shell_hide=(ctx.directory.path.resolve().parents[3],))
+                       shell_hide=(ctx.directory.path.resolve().parents[3],), deadline=deadline)
 
 
 def run_tool_call(ctx: SampleContext, name: str, args: dict[str, Any],

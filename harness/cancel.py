@@ -13,7 +13,12 @@
 
 Cancelled derives from BaseException, like KeyboardInterrupt, so no `except Exception` on its way up (an
 executor's infra_error, a tool's error reply, the runner's per-sample handler) turns it into a result: the
-sample stays unfinished and `--resume` runs it again. Standard library only.
+sample stays unfinished and `--resume` runs it again.
+
+The same stop, for one thread's work only, at a time: within `deadline(at)` (the agent's tool calls, bounded
+by the sample's wall budget) the killers this thread registers run when time.monotonic() reaches `at`, and
+this thread's checks, waits and `sleep()` raise DeadlinePassed (a Cancelled) from then on; other threads'
+evaluations go on. The harness's cleanup is the same as after Ctrl-C. Standard library only.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["Cancelled", "check", "kill_all", "killable", "register", "request", "requested", "reset", "sleep",
-           "unregister"]
+__all__ = ["Cancelled", "DeadlinePassed", "check", "deadline", "kill_all", "killable", "register", "request",
+           "requested", "reset", "sleep", "unregister"]
 
 Killer = Callable[[], None]
 
@@ -38,21 +44,86 @@ class Cancelled(BaseException):
     """The evaluation was stopped because the user interrupted the process; it has no verdict."""
 
 
+class DeadlinePassed(Cancelled):
+    """This thread's work ran past the deadline it was given (`deadline()`); it has no verdict either."""
+
+
+class _Deadline:
+    """One `deadline()` block: when it ends, and the killers registered from its thread within it."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.keys: set[int] = set()
+        self.passed = threading.Event()
+        self.timer = threading.Timer(max(0.0, at - time.monotonic()), self.fire)
+        self.timer.daemon = True
+
+    def fire(self) -> None:
+        self.passed.set()
+        with _lock:
+            killers = [_killers[k] for k in self.keys if k in _killers]
+        for kill in killers:
+            with contextlib.suppress(Exception):
+                kill()
+
+    def reached(self) -> bool:
+        return self.passed.is_set() or time.monotonic() >= self.at
+
+
+_local = threading.local()
+
+
+def _deadlines() -> list[_Deadline]:
+    stack: list[_Deadline] | None = getattr(_local, "deadlines", None)
+    if stack is None:
+        stack = _local.deadlines = []
+    return stack
+
+
+def _passed() -> _Deadline | None:
+    return next((d for d in _deadlines() if d.reached()), None)
+
+
 def requested() -> bool:
-    return _event.is_set()
+    """The process was interrupted, or this thread's deadline passed: stop waiting."""
+    return _event.is_set() or _passed() is not None
 
 
 def check() -> None:
-    """Raise Cancelled if the process was interrupted."""
+    """Raise Cancelled if the process was interrupted; DeadlinePassed if this thread's deadline passed."""
     if _event.is_set():
         raise Cancelled("stopped: the process was interrupted")
+    if (passed := _passed()) is not None:
+        raise DeadlinePassed(f"stopped: the time limit of {passed.at:.3f} (monotonic) passed")
 
 
 def sleep(seconds: float) -> None:
-    """time.sleep(seconds), cut short by request(): then Cancelled (a pause between attempts never holds up
-    Ctrl-C)."""
-    if _event.wait(max(0.0, seconds)):
+    """time.sleep(seconds), cut short by request() or this thread's deadline: then Cancelled (a pause
+    between attempts never holds up Ctrl-C)."""
+    stack = _deadlines()
+    until = min((d.at for d in stack), default=None)
+    wait = max(0.0, seconds if until is None else min(seconds, until - time.monotonic()))
+    if _event.wait(wait) or stack:
         check()
+
+
+@contextlib.contextmanager
+def deadline(at: float | None) -> Iterator[None]:
+    """Within the block, this thread's work ends at time.monotonic() == `at` (None: no deadline): the
+    killers it registers run then (from a timer thread), and its checks raise DeadlinePassed. Blocks nest;
+    the earliest deadline wins."""
+    if at is None:
+        yield
+        return
+    scope = _Deadline(at)
+    stack = _deadlines()
+    stack.append(scope)
+    scope.timer.start()
+    try:
+        yield
+    finally:
+        scope.timer.cancel()
+        stack.remove(scope)
 
 
 def request() -> None:
@@ -92,11 +163,15 @@ def killable(kill: Killer) -> Iterator[None]:
 
 
 def register(kill: Killer) -> int:
-    """Add a killer; returns the key unregister() takes. Called after request(), it runs at once."""
+    """Add a killer; returns the key unregister() takes. Called after request(), or past this thread's
+    deadline, it runs at once; within a deadline() block it also runs when the deadline comes."""
+    scopes = _deadlines()
     with _lock:
         key = next(_ids)
         _killers[key] = kill
-    if _event.is_set():
+        for scope in scopes:
+            scope.keys.add(key)
+    if _event.is_set() or any(scope.passed.is_set() for scope in scopes):
         with contextlib.suppress(Exception):
             kill()
     return key

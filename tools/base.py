@@ -11,6 +11,11 @@ The model's arguments are hostile input like a candidate's files: `argument_refu
 and nesting before anything is saved or parsed (one line naming the limit goes back to the model), and the
 whole-file fence around a source is found in one linear pass (a backtracking pattern took minutes on a
 400 KB source with an unclosed fence).
+
+A tool's harness work ends by `ToolContext.deadline` (the sample's wall budget): `within_deadline` bounds the
+whole of it, queueing for build slots, memory and devices included, with harness.cancel's deadline; going
+over stops it the way Ctrl-C does (its processes killed, its folders removed) and `out_of_wall` is the
+answer: the model reads that the wall budget ran out, and the sample stops with max_wall.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness import cancel
 from harness.common.hostile_files import replace_file
 from harness.config import EvalConfig
 from harness.problems.problem import Problem
@@ -72,6 +78,8 @@ class ToolContext:
     shell_timeout_s: float = 120.0  # PKB's agent allows 900 s (its eval command runs a whole benchmark)
     shell_hide: tuple[Path, ...] = ()
     artifacts_dir: Path | None = None  # where tools keep raw artifacts (the Nsight reports); None: nowhere
+    # time.monotonic() by which the tool's harness work must have ended (the sample's wall budget); None: no limit.
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         # Every path a tool hands to the harness is absolute: the harness's helpers run in processes of
@@ -224,6 +232,38 @@ def save_record(outcome: ToolOutcome, ctx: ToolContext) -> None:
               "gpu_seconds": outcome.gpu_seconds, "ends_sample": outcome.ends_sample, "text": outcome.text,
               "data": outcome.data}
     write_atomic(outcome.candidate.with_suffix(".json"), json.dumps(record, indent=1, default=str))
+
+
+class OutOfWall(Exception):
+    """The tool's harness work was stopped at ToolContext.deadline; `seconds` it ran."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"stopped after {seconds:.1f} s: the wall budget ran out")
+        self.seconds = seconds
+
+
+@contextmanager
+def within_deadline(ctx: ToolContext) -> Iterator[None]:
+    """The block's harness work, ended at ctx.deadline (harness.cancel.deadline: its processes killed, its
+    folders removed, as after Ctrl-C); going over raises OutOfWall. A Ctrl-C stays Cancelled."""
+    started = time.perf_counter()
+    try:
+        with cancel.deadline(ctx.deadline):
+            yield
+    except cancel.DeadlinePassed as stop:
+        raise OutOfWall(time.perf_counter() - started) from stop
+
+
+def out_of_wall(name: str, ctx: ToolContext, candidate: Path | None, stop: OutOfWall, *,
+                holds_devices: bool = True) -> ToolOutcome:
+    """The answer of a tool whose harness work the wall budget stopped (within_deadline). `holds_devices`:
+    the work held the ranks' devices while it ran (GPU seconds charged as for a finished evaluation)."""
+    text = (f"{name}: stopped after {stop.seconds:.1f} s: the sample's wall budget ran out. The evaluation was "
+            "cancelled (nothing of it is left running) and has no verdict; the sample ends here and its last "
+            "candidate is scored.")
+    data = {"tool": name, "verdict": None, "stopped": "max_wall", "seconds": round(stop.seconds, 4)}
+    gpu_s = ctx.gpu_seconds(stop.seconds) if holds_devices else 0.0
+    return ToolOutcome(name, bounded(ctx, [text]), data, gpu_s, candidate)
 
 
 @contextmanager

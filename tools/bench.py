@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.common.flags import is_emulated
 from harness.records.results import EvalResult, TimingStats
-from tools.base import ToolContext, ToolOutcome, bounded
+from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall
 from tools.check import result_data, run_evaluation, verdict_blocks
 from tools.render import Block
 
@@ -60,7 +60,10 @@ def timing_blocks(result: EvalResult, ctx: ToolContext) -> list[Block]:
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for bench
-    result, gpu_s = run_evaluation(ctx, candidate, timing=True)
+    try:
+        result, gpu_s = run_evaluation(ctx, candidate, timing=True)
+    except OutOfWall as stop:
+        return out_of_wall("bench", ctx, candidate, stop)
     blocks = verdict_blocks(result, ctx, "bench")
     if result.correct:
         blocks = blocks[:1] + timing_blocks(result, ctx) + blocks[1:]

@@ -14,7 +14,7 @@ from typing import Any
 from harness.common import failures
 from harness.evaluate import evaluate
 from harness.records.results import EvalResult
-from tools.base import ToolContext, ToolOutcome, bounded, stopwatch
+from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall, stopwatch, within_deadline
 from tools.render import Block, Keep
 
 # What each verdict but `correct` means for the model (the verdicts themselves: harness.common.failures).
@@ -87,10 +87,11 @@ def location(message: str) -> dict[str, Any] | None:
 
 def run_evaluation(ctx: ToolContext, candidate: Path, *, timing: bool) -> tuple[EvalResult, float]:
     """The harness protocol on the sample's problem, shape and W; returns the result and the GPU seconds
-    (wall time with ranks up, times W on CUDA: the compile step before launch holds no GPU)."""
+    (wall time with ranks up, times W on CUDA: the compile step before launch holds no GPU). The whole
+    evaluation, queueing included, ends by ctx.deadline (tools.base.within_deadline: OutOfWall)."""
     config = ctx.config.model_copy(update={"skip_timing": not timing})
     run = ctx.evaluate or evaluate
-    with stopwatch() as clock:
+    with within_deadline(ctx), stopwatch() as clock:
         result = run(ctx.problem, candidate, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
                      config=config, gpus=ctx.gpus)
     held = max(0.0, clock["seconds"] - result.stages.get("compile", 0.0))
@@ -160,7 +161,10 @@ def result_data(tool: str, result: EvalResult) -> dict[str, Any]:
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for check
-    result, gpu_s = run_evaluation(ctx, candidate, timing=False)
+    try:
+        result, gpu_s = run_evaluation(ctx, candidate, timing=False)
+    except OutOfWall as stop:
+        return out_of_wall("check", ctx, candidate, stop)
     blocks = verdict_blocks(result, ctx, "check")
     if result.correct:
         blocks.append(Block("Not timed: `bench` measures speed against the reference."))

@@ -3,7 +3,8 @@
 This is step 1 of the harness protocol alone (harness.compiling.compile.compile_candidate): the syntax check runs
 nothing; a file that builds native code (load_inline, cpp_extension, NVRTC, CuPy) is imported once in
 its own process with the compile time limit, and a failed build comes back as the compiler's own error
-lines, trimmed. No rank starts and no GPU is held, so it costs no GPU seconds.
+lines, trimmed. No rank starts and no GPU is held, so it costs no GPU seconds. The build ends by the
+sample's wall budget (tools.base.within_deadline), like check's and bench's evaluations.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ from typing import Any
 
 from harness.compiling.builds import BUILD_MARKERS
 from harness.compiling.compile import compile_candidate
-from tools.base import ToolContext, ToolOutcome, bounded
+from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall, within_deadline
 from tools.render import Block
 
 
 def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolOutcome:
     assert candidate is not None  # run_tool requires `source` for compile
-    outcome = compile_candidate(candidate, ctx.config.limits.compile_s, ctx.device, problem=ctx.problem.loader_spec)
+    try:
+        with within_deadline(ctx):  # waiting for a build slot included
+            outcome = compile_candidate(candidate, ctx.config.limits.compile_s, ctx.device,
+                                        problem=ctx.problem.loader_spec)
+    except OutOfWall as stop:
+        return out_of_wall("compile", ctx, candidate, stop, holds_devices=False)
     data = {"tool": "compile", "ok": outcome.ok, "verdict": "compiled" if outcome.ok else outcome.verdict,
             "message": outcome.message, "evidence": outcome.evidence, "native": outcome.native,
             "seconds": round(outcome.seconds, 4)}
