@@ -59,8 +59,12 @@ class _Deadline:
         self.timer.daemon = True
 
     def fire(self) -> None:
-        self.passed.set()
+        """Once, from the timer or from the first of this thread's checks that sees the time passed (a loaded
+        machine runs the timer late: the killers still run before the thread leaves the block)."""
         with _lock:
+            if self.passed.is_set():
+                return
+            self.passed.set()
             killers = [_killers[k] for k in self.keys if k in _killers]
         for kill in killers:
             with contextlib.suppress(Exception):
@@ -81,7 +85,10 @@ def _deadlines() -> list[_Deadline]:
 
 
 def _passed() -> _Deadline | None:
-    return next((d for d in _deadlines() if d.reached()), None)
+    scope = next((d for d in _deadlines() if d.reached()), None)
+    if scope is not None:
+        scope.fire()
+    return scope
 
 
 def requested() -> bool:
