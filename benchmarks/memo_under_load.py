@@ -37,7 +37,8 @@ EXPLOIT = ROOT / "tests" / "exploits" / "memo_by_identity.py"
 # The memo alone: what the exploit does without its lever (the rank's cwd is the checkout: the helper is found).
 PLAIN = '''import importlib.util, weakref
 from pathlib import Path
-_spec = importlib.util.spec_from_file_location("_shm_all_reduce", Path.cwd() / "tests" / "exploits" / "_shm_all_reduce.py")
+_spec = importlib.util.spec_from_file_location("_shm_all_reduce",
+                                               Path.cwd() / "tests" / "exploits" / "_shm_all_reduce.py")
 _shm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shm)
 _memo = {}
@@ -52,23 +53,24 @@ def solution(x):
 
 
 def burn(stop: Any) -> None:
-    x = 0
     while not stop.is_set():
-        for _ in range(100_000):
-            x += 1
+        sum(range(100_000))  # pure Python: one core busy, no memory
 
 
 def once(path: Path) -> dict[str, Any]:
     started = time.perf_counter()
     r = evaluate(get(load_suite(), "all_reduce"), path, world_size=2, device="cpu", shape="small",
-                 config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(check_s=60, time_s=120)),
+                 config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"),
+                                   limits=Limits(check_s=60, time_s=120)),
                  integrity_config=IntegrityConfig.for_device("cpu").to_dict())
-    marks = {side: (getattr(r.timings, side).refilled or {}) if r.timings else {} for side in ("candidate", "reference")}
+    marks = {side: (getattr(r.timings, side).refilled or {}) if r.timings else {}
+             for side in ("candidate", "reference")}
+    missed = sum(m.count(NOT_REFILLED) for side in marks.values() for m in side.values())
     return {"verdict": r.verdict, "flags": r.flags, "speedup": r.speedup, "counted": r.counted_speedup,
             "candidate_ms": r.timings.candidate.median_ms if r.timings else None,
             "reference_ms": r.timings.reference.median_ms if r.timings else None,
-            "refilled": marks, "not_refilled": sum(m.count(NOT_REFILLED) for side in marks.values() for m in side.values()),
-            "message": (r.failure.message[:200] if r.failure else ""), "seconds": round(time.perf_counter() - started, 1)}
+            "refilled": marks, "not_refilled": missed, "message": (r.failure.message[:200] if r.failure else ""),
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
 def main() -> int:
@@ -113,7 +115,8 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
     exploit = report["candidates"].get("exploit", {})
-    bad = exploit.get("counted", 0) + sum(v["counted_with_iterations_not_refilled"] for v in report["candidates"].values())
+    bad = exploit.get("counted", 0) + sum(v["counted_with_iterations_not_refilled"]
+                                          for v in report["candidates"].values())
     return 0 if bad == 0 else 1
 
 

@@ -40,6 +40,7 @@ from harness.common.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE, fill_reci
 from harness.common.spin import spin_us
 from harness.config import TimingConfig
 from harness.launch.pool import RankPool
+from harness.rank import timed as rank_timed
 from harness.records.results import Clock, TimingStats
 
 Ask = Callable[[RankPool, Any, str, float], list[dict[str, Any]]]
@@ -169,12 +170,13 @@ def refilled_as(plan: Plan, request: str, prepared: list[dict[str, Any]]) -> str
     plan that refills sent every rank a recipe, so only a fresh draw ("f" for a never-seen call) or the recipe's
     contents ("i", "d") count; a plan that does not refill rotates its sets ("r"). Anything else, or ranks
     that disagree, fails closed: that iteration's inputs may be the ones an earlier call saw."""
-    allowed = ({"f"} if request == "fresh" else {"i", "d"}) if plan.refill else {"r"}
+    allowed = ({rank_timed.FRESH} if request == "fresh" else {rank_timed.IN_PLACE, rank_timed.DRAWN}) if plan.refill \
+        else {rank_timed.ROTATED}
     said = {r.get("refilled") for r in prepared}
     if len(said) != 1:
         return NOT_REFILLED
     how = next(iter(said))
-    return how if isinstance(how, str) and how in allowed else NOT_REFILLED
+    return how if isinstance(how, str) and how in allowed and how in rank_timed.REFILLED else NOT_REFILLED
 
 
 def not_refilled(refilled: dict[str, str] | None) -> dict[str, list[int]]:

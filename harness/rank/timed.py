@@ -48,7 +48,9 @@ KINDS = ("warmup", "timed", "host", "fresh")
 # refilled in place from the call's recipe, the recipe's draw itself (its structure differs from the set's),
 # a fresh draw (a never-seen call), or a rotated set as given (the plan does not refill: inputs holding
 # process groups or modules). The judge writes "-" where a rank did not report one of these.
-REFILLED = {"i": "refilled in place", "d": "drawn (structure differs)", "f": "fresh draw", "r": "rotated, as given"}
+IN_PLACE, DRAWN, FRESH, ROTATED = "i", "d", "f", "r"
+REFILLED = {IN_PLACE: "refilled in place", DRAWN: "drawn (structure differs)", FRESH: "fresh draw",
+            ROTATED: "rotated, as given"}
 
 
 def input_sets_needed(set_bytes: int, l2_bytes: int, config: dict[str, Any], free_bytes: int) -> int:
@@ -142,16 +144,16 @@ class TimedSession:
                                    "its inputs would not be refilled")
             drawn = self.draw(fill)
             if kind == "fresh":
-                return drawn, clone_tree(drawn), "f"
+                return drawn, clone_tree(drawn), FRESH
             if not 0 <= index < len(self.sets):
                 raise IndexError(f"no input set {index}")
             args, in_place = refill.refill(self.sets[index], drawn)
             self.sets[index] = args
-            return (args, drawn, "i") if in_place else (args, clone_tree(drawn), "d")
+            return (args, drawn, IN_PLACE) if in_place else (args, clone_tree(drawn), DRAWN)
         group = self.fresh if kind == "fresh" else self.sets
         if not 0 <= index < len(group):
             raise IndexError(f"no {kind} input set {index}")
-        return group[index], None, "r"
+        return group[index], None, ROTATED
 
     def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         """The request before each timed call: hand over the previous call's output if it is judged, then draw
