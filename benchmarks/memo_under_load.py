@@ -5,7 +5,8 @@ Evaluates each candidate --n times in a row (CPU, gloo, W=2, all_reduce at `smal
 settings) while --burners processes spin on the CPU, and counts verdicts, counted speedups (correct and fast
 eligible) and those above 1x, and timing iterations whose inputs were not refilled (`timings.*.refilled`).
 Two candidates by default: `tests/exploits/memo_by_identity.py` (the memo, with a lever that stops the
-refills) and the same memo without the lever, as the held-out case keyed it (written to a temporary file).
+refills) and the same memo without the lever, as the held-out case keyed it (written to a temporary file);
+`--only honest` runs the honest kernel both wrap, for comparison.
 
     python benchmarks/memo_under_load.py --n 20 --burners 2 --out /tmp/memo.json
 
@@ -34,6 +35,7 @@ from harness.judge.timing import NOT_REFILLED  # noqa: E402
 from harness.problems.registry import get, load_suite  # noqa: E402
 
 EXPLOIT = ROOT / "tests" / "exploits" / "memo_by_identity.py"
+HONEST = ROOT / "tests" / "exploits" / "_shm_all_reduce.py"  # its `solution` is the honest kernel
 # The memo alone: what the exploit does without its lever (the rank's cwd is the checkout: the helper is found).
 PLAIN = '''import importlib.util, weakref
 from pathlib import Path
@@ -77,7 +79,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20)
     parser.add_argument("--burners", type=int, default=2, help="CPU-spinning processes in the background")
-    parser.add_argument("--only", choices=("exploit", "plain"), help="one candidate only")
+    parser.add_argument("--only", choices=("exploit", "plain", "honest"),
+                        help="one candidate only (honest: the kernel both memos wrap; not run by default)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     stop = multiprocessing.Event()
@@ -89,9 +92,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             plain = Path(tmp) / "memo_plain.py"
             plain.write_text(PLAIN)
-            todo = {"exploit": EXPLOIT, "plain": plain}
+            todo = {"exploit": EXPLOIT, "plain": plain, "honest": HONEST}
             for name, path in todo.items():
-                if args.only and name != args.only:
+                if name != args.only and (args.only or name == "honest"):
                     continue
                 runs = []
                 for i in range(args.n):
