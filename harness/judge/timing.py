@@ -40,6 +40,7 @@ from harness.common.seeds import TIMED_CALL_OFFSET, TIMING_TRIAL_BASE, fill_reci
 from harness.common.spin import spin_us
 from harness.config import TimingConfig
 from harness.launch.pool import RankPool
+from harness.rank import timed as rank_timed
 from harness.records.results import Clock, TimingStats
 
 Ask = Callable[[RankPool, Any, str, float], list[dict[str, Any]]]
@@ -142,14 +143,46 @@ class TimingRun:
     times: dict[str, list[list[float]]] = field(default_factory=dict)  # kind -> iteration -> rank -> ms
     spans: dict[str, list[float]] = field(default_factory=dict)  # kind -> iteration -> harness span, ms
     refill: list[float] = field(default_factory=list)  # per iteration: the slowest rank's refill, ms
+    refilled: dict[str, list[str]] = field(default_factory=dict)  # kind -> iteration -> how its inputs were made
     spin_us: float = 0.0
     kept: list[Kept] = field(default_factory=list)
     fingerprints: dict[int, list[list[int]]] = field(default_factory=dict)  # rank -> set -> fingerprint
     input_sets: int = 0
 
-    def add(self, kind: str, replies: list[dict[str, Any]], span_s: float) -> None:
+    def add(self, kind: str, replies: list[dict[str, Any]], span_s: float, refilled: str = "i") -> None:
+        """One iteration's claims and span; `refilled` as `refilled_as` found it (drive always says)."""
         self.times.setdefault(kind, []).append([float(r.get("ms", float("nan"))) for r in replies])
         self.spans.setdefault(kind, []).append(span_s * 1e3)
+        self.refilled.setdefault(kind, []).append(refilled)
+
+    def counted(self, kind: str) -> list[tuple[list[float], float]]:
+        """(per-rank claimed times, harness span) of the iterations of `kind` that may be counted: every one
+        whose inputs were made as the plan asked; never one a rank did not say it refilled ("-")."""
+        return [(ms, span) for ms, span, how in zip(self.times.get(kind, []), self.spans.get(kind, []),
+                                                     self.refilled.get(kind, [])) if how != NOT_REFILLED]
+
+
+NOT_REFILLED = "-"
+
+
+def refilled_as(plan: Plan, request: str, prepared: list[dict[str, Any]]) -> str:
+    """How one iteration's inputs were made, agreed by every rank (harness.rank.timed.REFILLED), or "-": a
+    plan that refills sent every rank a recipe, so only a fresh draw ("f" for a never-seen call) or the recipe's
+    contents ("i", "d") count; a plan that does not refill rotates its sets ("r"). Anything else, or ranks
+    that disagree, fails closed: that iteration's inputs may be the ones an earlier call saw."""
+    allowed = ({rank_timed.FRESH} if request == "fresh" else {rank_timed.IN_PLACE, rank_timed.DRAWN}) if plan.refill \
+        else {rank_timed.ROTATED}
+    said = {r.get("refilled") for r in prepared}
+    if len(said) != 1:
+        return NOT_REFILLED
+    how = next(iter(said))
+    return how if isinstance(how, str) and how in allowed and how in rank_timed.REFILLED else NOT_REFILLED
+
+
+def not_refilled(refilled: dict[str, str] | None) -> dict[str, list[int]]:
+    """Per kind, the iterations (in plan order within the kind) whose inputs were not made as the plan asked."""
+    return {kind: [i for i, how in enumerate(marks) if how == NOT_REFILLED]
+            for kind, marks in (refilled or {}).items() if NOT_REFILLED in marks}
 
 
 def spin_for(warmup: list[list[dict[str, Any]]], config: TimingConfig) -> float:
@@ -199,7 +232,7 @@ def drive(pool: RankPool, ask: Ask, plan: Plan, *, n_sets: int, recipes: Callabl
             on_kept(handed)
         call = {"op": "time_call", "kind": it.request, "set": index, "spin_us": run.spin_us}
         replies = ask(pool, call, "timing", max(0.5, min(call_timeout, deadline - time.monotonic())))
-        run.add(it.kind, replies, pool.last_span_s)
+        run.add(it.kind, replies, pool.last_span_s, refilled_as(plan, it.request, prepared))
         pending = None
         if it.judged:
             pending = Kept(it, index, {r: keep_dir / f"kept-{it.trial}-r{r}.bin" for r in range(world)})
@@ -242,30 +275,35 @@ def _unexplained(run: TimingRun) -> list[float]:
     spin_ms = run.spin_us / 1e3
     every = []
     for kind, spin in (("timed", spin_ms), ("fresh_pair", spin_ms), ("host", 0.0)):
-        claims = [max(ranks) for ranks in run.times.get(kind, [])]
-        every += [span - claim - spin for span, claim in zip(run.spans.get(kind, []), claims)]
+        every += [span - max(ranks) - spin for ranks, span in run.counted(kind)]
     return every
 
 
 def fresh_pairs(run: TimingRun) -> list[tuple[float, float]]:
-    """(rotated call, the never-seen call after it): the slowest rank's claimed time of each, in plan order."""
-    return [(max(r), max(f)) for r, f in zip(run.times.get("fresh_pair", []), run.times.get("fresh", []))]
+    """(rotated call, the never-seen call after it): the slowest rank's claimed time of each, in plan order;
+    a pair either of whose calls was not refilled is left out."""
+    marks = zip(run.refilled.get("fresh_pair", []), run.refilled.get("fresh", []))
+    return [(max(r), max(f)) for r, f, (a, b) in zip(run.times.get("fresh_pair", []), run.times.get("fresh", []), marks)
+            if NOT_REFILLED not in (a, b)]
 
 
 def stats(run: TimingRun, clock: Clock) -> TimingStats:
     """Per iteration the slowest rank's claimed time; quantiles; the harness's own spans beside them. Probe
     calls and warm-up are judged but never counted."""
-    timed = run.times.get("timed", [])
+    # Only iterations whose inputs were made as the plan asked are counted; where none were, every one is
+    # kept so the stats exist, and reconcile() (the `refilled` record) makes the candidate not fast.
+    counted = run.counted("timed") or list(zip(run.times.get("timed", []), run.spans.get("timed", [])))
+    timed = [ranks for ranks, _ in counted]
     per_iter = [max(ranks) for ranks in timed]
     per_rank = list(zip(*timed)) if timed else []
     rank_medians = [statistics.median(t) for t in per_rank]
     mean = statistics.fmean(per_iter)
     qs = statistics.quantiles(per_iter, n=10, method="inclusive") if len(per_iter) > 1 else per_iter * 9
-    spans = run.spans.get("timed", [])
+    spans = [span for _, span in counted]
     unexplained = _unexplained(run)
-    host = [max(r) for r in run.times.get("host", [])]
-    fresh = [max(r) for r in run.times.get("fresh", [])]
-    pairs = [max(r) for r in run.times.get("fresh_pair", [])]
+    host = [max(r) for r, _ in run.counted("host")]
+    fresh = [max(r) for r, _ in run.counted("fresh")]
+    pairs = [max(r) for r, _ in run.counted("fresh_pair")]
     return TimingStats(
         median_ms=statistics.median(per_iter),
         p10_ms=qs[0],
@@ -284,9 +322,10 @@ def stats(run: TimingRun, clock: Clock) -> TimingStats:
         fresh_pair_median_ms=statistics.median(pairs) if pairs else None,
         span_median_ms=_median(spans),
         unexplained_low_ms=_low(unexplained),
-        host_span_median_ms=_median(run.spans.get("host", [])),
+        host_span_median_ms=_median([span for _, span in run.counted("host")]),
         judged_outputs=len(run.kept),
         refill_median_ms=_median(run.refill),
+        refilled={kind: "".join(marks) for kind, marks in run.refilled.items()},
     )
 
 
@@ -301,6 +340,12 @@ def unexplained_allowed(candidate: TimingStats, reference: TimingStats, checks: 
 def reconcile(candidate: TimingStats, reference: TimingStats, checks: IntegrityConfig) -> list[str]:
     """Why the candidate's claimed times cannot be squared with the harness's clock (empty: they can)."""
     problems = []
+    missed = not_refilled(candidate.refilled)
+    if missed:
+        where = "; ".join(f"{kind} {', '.join(map(str, at))}" for kind, at in missed.items())
+        problems.append(f"{sum(map(len, missed.values()))} timing iteration(s) ran on inputs that were not refilled "
+                        f"from their recipes ({where}): none of them is counted, and times that may include "
+                        f"remembered answers are not compared")
     if candidate.span_median_ms is not None and candidate.median_ms > candidate.span_median_ms + 0.05:
         problems.append(f"the claimed median {candidate.median_ms:.4g} ms is longer than the "
                         f"{candidate.span_median_ms:.4g} ms the harness observed around each call")

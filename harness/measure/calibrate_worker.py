@@ -49,7 +49,9 @@ def time_calls(fn: Callable[..., Any], sets: list[tuple[Any, ...]], device: torc
     turn = iter(range(1 << 62))
 
     def call(kind: str, spin: float) -> dict[str, Any]:
-        return session.call({"kind": kind, "set": next(turn) % len(sets), "spin_us": spin})
+        req = {"kind": kind, "set": next(turn) % len(sets), "spin_us": spin}
+        session.prepare(req)  # no recipe: the trusted calibration rotates its sets as given
+        return session.call(req)
 
     warm = [call("warmup", 0.0) for _ in range(max(int(config.get("warmup", 10)), 1))]
     spin = _spin(warm, device, config) if device.type == "cuda" else 0.0

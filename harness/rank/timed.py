@@ -4,7 +4,8 @@ The harness drives timing one iteration per request (harness.judge.timing), so i
 iteration with its own clock and tell a rank, only after a call has returned, that its output is judged.
 Per iteration, in a request of its own before the call's (`prepare`): the previous call's output copy is
 handed over if the harness judges it, and the call's inputs are drawn anew from the request's recipe and
-copied into the set's buffers (harness.rank.refill: no call sees contents an earlier call saw). Then, in
+copied into the set's buffers (harness.rank.refill: no call sees contents an earlier call saw); the reply says
+how (`REFILLED`), and a call without its prepare is refused. Then, in
 the call's request, on a GPU: flush L2 (write a buffer twice its size), a device-side spin long enough
 for the host to enqueue the whole iteration before the GPU reaches it (the harness sets its length from
 the warm-up's enqueue times), a cross-rank device barrier, start event, one call, end event, then
@@ -43,6 +44,13 @@ _all_reduce = dist.all_reduce
 _barrier = dist.barrier
 
 KINDS = ("warmup", "timed", "host", "fresh")
+# How a call's inputs were made, one character per iteration in the judge's record (harness.judge.timing):
+# refilled in place from the call's recipe, the recipe's draw itself (its structure differs from the set's),
+# a fresh draw (a never-seen call), or a rotated set as given (the plan does not refill: inputs holding
+# process groups or modules). The judge writes "-" where a rank did not report one of these.
+IN_PLACE, DRAWN, FRESH, ROTATED = "i", "d", "f", "r"
+REFILLED = {IN_PLACE: "refilled in place", DRAWN: "drawn (structure differs)", FRESH: "fresh draw",
+            ROTATED: "rotated, as given"}
 
 
 def input_sets_needed(set_bytes: int, l2_bytes: int, config: dict[str, Any], free_bytes: int) -> int:
@@ -125,23 +133,27 @@ class TimedSession:
             done["kept_intact"] = same_bytes(args, pristine)
         return done
 
-    def _inputs(self, kind: str, index: int, fill: dict[str, Any] | None) -> tuple[tuple[Any, ...], Any]:
-        """The call's inputs and a pristine copy of them (None without a recipe). With a recipe: a rotated set
-        refilled in place with a fresh draw (the draw is the copy), or replaced by the draw where its
-        structure differs, or for a fresh call the draw itself, never seen before. Without: the set as given."""
-        if self.draw is not None and fill is not None:
+    def _inputs(self, kind: str, index: int, fill: dict[str, Any] | None) -> tuple[tuple[Any, ...], Any, str]:
+        """The call's inputs, a pristine copy of them (None without a recipe) and how they were made
+        (`REFILLED`). With a recipe: a rotated set refilled in place with a fresh draw (the draw is the copy),
+        or replaced by the draw where its structure differs, or for a fresh call the draw itself, never seen
+        before. Without one: the set as given. A recipe this session cannot draw is refused, never rotated."""
+        if fill is not None:
+            if self.draw is None:
+                raise RuntimeError("a timed call's recipe came to a session that cannot draw inputs: "
+                                   "its inputs would not be refilled")
             drawn = self.draw(fill)
             if kind == "fresh":
-                return drawn, clone_tree(drawn)
+                return drawn, clone_tree(drawn), FRESH
             if not 0 <= index < len(self.sets):
                 raise IndexError(f"no input set {index}")
             args, in_place = refill.refill(self.sets[index], drawn)
             self.sets[index] = args
-            return args, drawn if in_place else clone_tree(drawn)
+            return (args, drawn, IN_PLACE) if in_place else (args, clone_tree(drawn), DRAWN)
         group = self.fresh if kind == "fresh" else self.sets
         if not 0 <= index < len(group):
             raise IndexError(f"no {kind} input set {index}")
-        return group[index], None
+        return group[index], None, ROTATED
 
     def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
         """The request before each timed call: hand over the previous call's output if it is judged, then draw
@@ -156,11 +168,12 @@ class TimedSession:
         if self.cuda:
             r0, r1 = _Event(enable_timing=True), _Event(enable_timing=True)
             _record(r0)
-        args, pristine = self._inputs(kind, index, req.get("fill"))
+        args, pristine, how = self._inputs(kind, index, req.get("fill"))
         if self.clone:
             args = clone_tree(args)
         self.kept_args, self.kept_pristine = args, pristine
         self.next = (kind, args)
+        reply["refilled"] = how
         if self.cuda:
             _record(r1)
             _cuda_synchronize(self.device)  # the drawing never runs beside a timed call (ranks may share a GPU)
@@ -170,11 +183,11 @@ class TimedSession:
         return reply
 
     def call(self, req: dict[str, Any]) -> dict[str, Any]:
-        """One timed call on the inputs the last `prepare` drew (or, without a prepare, on the set as given,
-        after handing the previous output over)."""
+        """One timed call on the inputs the last `prepare` drew. A call without its prepare is refused: it
+        would run on the set as the previous call left it (unchanged inputs: a memo's hit), and the
+        previous call's output would never be handed over."""
         if self.next is None:
-            self.prepare(req)
-        assert self.next is not None
+            raise RuntimeError("a timed call without its prepare: its inputs were not refilled")
         (kind, args), self.next = self.next, None
         reply: dict[str, Any] = {"ok": True}
         if kind == "host":

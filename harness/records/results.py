@@ -72,6 +72,11 @@ class TimingStats(BaseModel):
     refill_median_ms: float | None = Field(
         None, description="median time a rank took to draw a call's fresh inputs, outside the timed window "
                           "(device time on a GPU, host time on CPU; slowest rank)")
+    refilled: dict[str, str] | None = Field(
+        None, description="per kind of timing iteration (warmup, timed, host, fresh_pair, fresh, probe), one "
+                          "character per iteration in plan order: how its inputs were made (i: refilled in place "
+                          "from its recipe, d: the recipe's draw, f: a fresh draw, r: a rotated set as given, where "
+                          "the plan does not refill, -: not refilled although asked: never counted)")
 
 
     @classmethod

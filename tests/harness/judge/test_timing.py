@@ -24,6 +24,7 @@ from harness.judge.timing import (
     make_plan,
     recipes_for,
     reconcile,
+    refilled_as,
     spin_for,
     stats,
 )
@@ -143,3 +144,55 @@ def test_claims_the_harness_clock_contradicts_are_reported():
     # Claims a tenth of what the clock saw, where the reference's claims explained their spans.
     shrunk = stats(run_of([1.0] * 5, [10.0] * 5), "host")
     assert any("smaller than what the harness's clock saw" in p for p in reconcile(shrunk, reference, checks))
+
+
+def refilling_ask(marks: list[str]) -> Any:
+    """`ask` whose ranks say how each call's inputs were made: the i-th prepare answers marks[i] on rank 1
+    (rank 0 always refills in place), and every call claims 1 ms, or 0.1 ms where rank 1 did not refill."""
+    turn = iter(marks)
+    last = ["i"]
+
+    def answer(pool: Any, message: Any, phase: str, timeout: float) -> list[dict[str, Any]]:
+        op = message[0]["op"] if 0 in message else message["op"]
+        if op == "time_prepare":
+            last[0] = next(turn)
+            return [{"rank": 0, "ok": True, "refill_ms": 0.1, "refilled": "i"},
+                    {"rank": 1, "ok": True, "refill_ms": 0.1, "refilled": last[0]}]
+        if op == "time_call":
+            ms = 1.0 if last[0] == "i" else 0.1
+            return [{"rank": r, "ok": True, "ms": ms} for r in range(2)]
+        return [{"rank": r, "ok": True} for r in range(2)]
+
+    return answer
+
+
+def test_iterations_not_refilled_are_recorded_never_counted_and_flagged(tmp_path: Path):
+    # Issue 45, class 7: a timed iteration on inputs that were not refilled can be a memo's hit. Rank 1 says it
+    # rotated its set as given ("r") in two timed calls, and nothing in a third: none of them is counted.
+    plan = Plan([Iteration("warmup", "warmup", CALL_TRIAL_BASE, False)]
+                + [Iteration("timed", "timed", CALL_TRIAL_BASE + i, False) for i in range(1, 7)])
+    pool: Any = FakePool()
+    run = drive(pool, refilling_ask(["i", "i", "r", "i", "r", "i", ""]), plan, n_sets=2, recipes=recipes_for(3),
+                config=CONFIG, cuda=False, keep_dir=tmp_path, call_timeout=10.0, deadline=math.inf,
+                on_kept=lambda k: None)
+    s = stats(run, "host")
+    assert s.refilled == {"warmup": "i", "timed": "i-i-i-"}
+    assert s.iterations == 3 and s.median_ms == 1.0  # the three fast calls on unchanged inputs left out
+    honest = stats(run_of([1.0] * 5, [1.2] * 5), "host")
+    problems = reconcile(s, honest, IntegrityConfig())
+    assert any("not refilled" in p and "timed 1, 3, 5" in p for p in problems), problems
+    assert reconcile(honest, honest, IntegrityConfig()) == []
+
+
+def test_refilled_as_accepts_only_what_the_plan_asked_of_every_rank():
+    refilling, rotating = Plan([]), Plan([], refill=False)
+    said = lambda *marks: [{"refilled": m} for m in marks]  # noqa: E731
+    assert refilled_as(refilling, "timed", said("i", "i")) == "i"
+    assert refilled_as(refilling, "timed", said("d", "d")) == "d"
+    assert refilled_as(refilling, "fresh", said("f", "f")) == "f"
+    assert refilled_as(refilling, "timed", said("i", "d")) == "-"  # ranks that disagree
+    assert refilled_as(refilling, "timed", said("r", "r")) == "-"  # rotated though a recipe was sent
+    assert refilled_as(refilling, "fresh", said("i", "i")) == "-"  # a never-seen call must be a fresh draw
+    assert refilled_as(refilling, "timed", [{}, {}]) == "-"  # a rank that says nothing
+    assert refilled_as(rotating, "timed", said("r", "r")) == "r"
+    assert refilled_as(rotating, "timed", said("i", "i")) == "-"

@@ -278,3 +278,20 @@ def test_a_timed_session_refills_the_same_buffers_and_hands_judged_calls_over(al
     intact = [r.get("kept_intact") for r in replies[1:]] + [end.get("kept_intact")]
     assert intact == [True, True, False, True]  # the third call zeroed its input
     assert all(r["refill_ms"] >= 0 for r in replies)
+    assert [r["refilled"] for r in replies] == ["i"] * 4  # each said how its inputs were made: in place
+
+
+def test_a_timed_call_never_runs_on_inputs_it_did_not_refill(all_reduce, one_rank_group):
+    # Issue 45, class 7: a call without its prepare ran on the set as the previous call left it, and a recipe
+    # the session could not draw rotated the set as given; both are refused now.
+    from harness.rank.timed import TimedSession
+
+    draw = refill.drawer(all_reduce, all_reduce.shape("small"), 0, 1, CPU)
+    sets = [draw(seeds.fill_recipe(5, k, 0)) for k in range(2)]
+    session = TimedSession(lambda x: x * 2, sets, [], CPU, plain=transport.describe_unsupported, draw=draw)
+    with pytest.raises(RuntimeError, match="without its prepare"):
+        session.call({"kind": "timed", "set": 0})
+    session.draw = None  # what a candidate that finds the session through gc can do
+    with pytest.raises(RuntimeError, match="would not be refilled"):
+        session.prepare({"kind": "timed", "set": 0, "fill": seeds.fill_recipe(5, 100, 0)})
+    assert session.prepare({"kind": "timed", "set": 1})["refilled"] == "r"  # no recipe: rotated, and said so
