@@ -58,7 +58,8 @@ def no_profile(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--ranks-per-gpu", "0"], ["--ranks-per-gpu must be at least 1, got 0"]),
     (["--ranks-per-gpu", "-3", "--device", "cuda"], ["--ranks-per-gpu must be at least 1, got -3"]),
 ])
-def test_misused_placement_is_refused_in_one_line(argv: list[str], words: list[str], no_profile: None,
+@pytest.mark.usefixtures("no_profile")
+def test_misused_placement_is_refused_in_one_line(argv: list[str], words: list[str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert pkb(["profile", "--problem", "all_reduce", *argv]) == 2
     err = one_line(capsys)
@@ -71,14 +72,16 @@ def test_misused_placement_is_refused_in_one_line(argv: list[str], words: list[s
     # four ranks at two a GPU need two GPUs
     (["--world-size", "4", "--ranks-per-gpu", "2"], ["--world-size 4 at --ranks-per-gpu 2 needs 2 GPUs; 1 visible"]),
 ])
-def test_too_few_gpus_is_refused_in_one_line(argv: list[str], words: list[str], one_gpu: None, no_profile: None,
+@pytest.mark.usefixtures("one_gpu", "no_profile")
+def test_too_few_gpus_is_refused_in_one_line(argv: list[str], words: list[str],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert pkb(["profile", "--problem", "all_reduce", "--device", "cuda", *argv]) == 2
     err = one_line(capsys)
     assert all(w in err for w in words), err
 
 
-def test_roofline_keeps_its_message_without_the_option(one_gpu: None, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.usefixtures("one_gpu")
+def test_roofline_keeps_its_message_without_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert pkb(["roofline", "--problem", "all_reduce", "--device", "cuda"]) == 2
     err = one_line(capsys)
     assert "needs 2 GPUs; 1 visible" in err and "--ranks-per-gpu" not in err  # roofline has no such option
@@ -98,7 +101,8 @@ def _report(**kwargs: Any) -> profiling.ProfileReport:
                                               ncu_rank=kwargs["ncu_rank"] if kwargs["ncu"] else None))
 
 
-def test_the_text_a_model_reads_says_the_caveats_first(one_gpu: None, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.usefixtures("one_gpu")
+def test_the_text_a_model_reads_says_the_caveats_first(monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[dict[str, Any]] = []
 
@@ -139,8 +143,9 @@ def test_one_rank_per_gpu_says_no_caveat(monkeypatch: pytest.MonkeyPatch, capsys
     assert seen[0]["ranks_per_gpu"] == 1 and "emulated" not in text
 
 
+@pytest.mark.usefixtures("one_gpu")
 def test_an_emulated_profile_reaches_every_pool_and_says_what_it_cannot_tell(
-        one_gpu: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`--world-size 2 --ranks-per-gpu 2 --device cuda` end to end on CPU ranks: the timeline's pool and the ncu
     pool both get the placement, only the chosen rank runs under ncu, NVLink's counters are not asked for, and the
     output says why, with the caveats before the numbers."""
