@@ -88,3 +88,20 @@ def test_multicast_the_emulation_cannot_rewrite_is_refused_before_anything_runs(
         profiling.profile(problem, candidate, world_size=2, device="cuda", shape="small", ranks_per_gpu=2)
     assert err.value.verdict == "infra_error" and str(err.value).startswith("not available in emulation: ")
     assert "cuMulticastCreate" in str(err.value)
+
+
+@pytest.mark.gpu(count=1)
+def test_gpu_two_ranks_on_one_gpu_profile_the_one_shot_expert_with_ncu() -> None:
+    """On one GPU (benchmarks/device/profile_emulated.sh runs the CLI and the agent's tool the same way)."""
+    if nsight.ncu_path() is None:
+        pytest.skip("ncu is not on PATH")
+    from harness.common.paths import REPO_ROOT
+
+    expert = REPO_ROOT / "problems/collective/solutions/all_reduce__one_shot.py"
+    report = profiling.profile(get(load_suite(), "all_reduce"), expert, world_size=2, device="cuda", shape="default",
+                               ranks_per_gpu=2, gpus=[0, 0], ncu=True, ncu_budget_s=120,
+                               ncu_metrics=list(nsight.AGENT_SETS))
+    assert report.ranks_per_gpu == 2 and report.emulation == profiling.emulation_caveats(2, 2, gpus=[0, 0], ncu_rank=0)
+    assert report.ncu is not None and report.ncu.kernels, report.ncu.missing
+    assert nsight.DURATION in report.ncu.per_call and not set(report.ncu.per_call) & set(nsight.NVLINK)
+    assert all(report.ncu.missing[m] == nsight.NO_NVLINK_ON_ONE_GPU for m in nsight.NVLINK)
