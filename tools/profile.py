@@ -5,6 +5,10 @@ free (harness.measure.ncu, as `pkb profile --ncu` does, with the metric set the 
 kernel: its time and share of the call, DRAM and NVLink throughput against this machine's ceilings, SM
 throughput and the top stall reasons; where the counters cannot be read, one line says why. And Nsight
 Systems' kernel summary of that rank where nsys is installed (harness.measure.nsys).
+
+Where the sample's ranks share GPUs (`--ranks-per-gpu`, harness.emulation) the same profile runs on the lease's
+GPUs, and the answer says under its first line what such a profile can and cannot tell
+(harness.measure.profiling.emulation_caveats).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 from harness.measure import profiling
 from harness.measure.ncu import AGENT_SETS
 from tools.base import ToolContext, ToolOutcome, as_data, bounded, stopwatch
-from tools.render import Block
+from tools.render import Block, count_tokens
 from tools.summaries import profile_text
 
 NCU_BUDGET_S = 120.0  # one ncu run (its rank pool, the replayed passes); past it the summary says so
@@ -44,9 +48,21 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
     if failed is not None:
         return _failure(failed, ctx, candidate, gpu_s)
     # The profile's text names problem, shape and W; it is bounded again here, whatever it returns.
-    text = str(profile_text(result, ctx.answer_tokens))
+    text = answer_text(result, ctx.answer_tokens)
     data = {"tool": "profile", "available": True, "wall_s": round(clock["seconds"], 4), "result": as_data(result)}
     return ToolOutcome("profile", bounded(ctx, [Block(text)]), data, gpu_s, candidate)
+
+
+def answer_text(report: profiling.ProfileReport, max_tokens: int = 600) -> str:
+    """The profile as the model reads it (tools.summaries.profile_text) within `max_tokens`, with what an emulated
+    profile cannot tell (the report's `emulation` lines) right under its first line, where no cut reaches them.
+    `pkb profile --text` prints the same."""
+    caveats = "\n".join(getattr(report, "emulation", None) or [])  # a result without them: the ordinary mode
+    if not caveats:
+        return str(profile_text(report, max_tokens))
+    # The joins' newlines can merge with their neighbours' tokens: a few tokens of room for them.
+    head, _, rest = str(profile_text(report, max(max_tokens - count_tokens(caveats) - 4, 1))).partition("\n")
+    return "\n".join(part for part in (head, caveats, rest) if part)
 
 
 def _failure(err: Exception, ctx: ToolContext, candidate: Path, gpu_s: float) -> ToolOutcome:

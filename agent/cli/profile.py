@@ -1,5 +1,6 @@
 """`pkb profile`: where a candidate's time goes, per rank (PyTorch profiler), plus Nsight Compute metrics
-of one rank on GPUs."""
+of one rank on GPUs. `--ranks-per-gpu` places the ranks as `pkb eval` does (agent.cli.emulation); ranks that
+share a GPU are profiled the same way, and the output says what such a profile can and cannot tell."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from agent.cli import emulation
 from agent.cli.common import CliError, console, escape, existing_file, plain, terminal_safe
 from agent.cli.options import add_target_arguments
 from harness.measure import ncu as nsight  # the metric sets, for the options (the standard library only)
-from tools.summaries import ncu_lines, profile_text
+from tools.summaries import ncu_lines
 
 if TYPE_CHECKING:
     from harness.measure.profiling import ProfileReport
@@ -22,6 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="per-rank kernel timeline (communication, compute, overlap, idle, skew) "
                                        "and, on GPUs, Nsight Compute metrics of one rank")
     add_target_arguments(p, "candidate file (default: profile the reference)")
+    emulation.add_argument(p)
     p.add_argument("--iters", type=int, default=5, help="profiled calls per rank")
     p.add_argument("--warmup", type=int, default=3, help="calls per rank before the profiled ones")
     p.add_argument("--ncu", action=argparse.BooleanOptionalAction, default=None,
@@ -52,20 +55,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     if use_ncu and not 0 <= args.ncu_rank < args.world_size:
         raise CliError(f"--ncu-rank {args.ncu_rank} is not a rank of W={args.world_size}")
+    emulation.check(args.device, args.world_size, args.ranks_per_gpu)
     # Deferred: the profiler and the problems import torch.
     from agent.cli.source import check_target, one_problem
     from harness.measure.profiling import ProfileError, profile
 
     problem = one_problem(args.problem)
-    shape = check_target(problem, args.shape, args.world_size, args.device)
+    shape = check_target(problem, args.shape, args.world_size, args.device, args.ranks_per_gpu)
     quiet = args.json or args.text
     if not quiet:
+        where = f"{args.device}, {args.ranks_per_gpu} ranks per GPU, emulated" if args.ranks_per_gpu > 1 \
+            else args.device
         console.print(plain(f"profiling {solution or 'the reference'} on {problem.name} (shape {shape}, "
-                            f"W={args.world_size}, {args.device}{', ncu' if use_ncu else ''})"))
+                            f"W={args.world_size}, {where}{f', ncu on rank {args.ncu_rank}' if use_ncu else ''})"))
     try:
         report = profile(problem, solution, world_size=args.world_size, device=args.device, shape=shape,
                          seed=args.seed, warmup=args.warmup, iters=args.iters, ncu=use_ncu, ncu_rank=args.ncu_rank,
-                         ncu_budget_s=args.ncu_budget, ncu_metrics=metrics, ncu_replay=args.ncu_replay)
+                         ncu_budget_s=args.ncu_budget, ncu_metrics=metrics, ncu_replay=args.ncu_replay,
+                         ranks_per_gpu=args.ranks_per_gpu)
     except ProfileError as err:
         if args.json:
             print(json.dumps({"ok": False, "verdict": err.verdict, "message": str(err), "evidence": err.evidence}))
@@ -77,7 +84,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif args.text:
-        print(terminal_safe(profile_text(report)))  # kernel names are the candidate's
+        from tools.profile import answer_text  # what the model reads (deferred with the profiler it imports)
+
+        print(terminal_safe(answer_text(report)))  # kernel names are the candidate's
     else:
         render(report)
     return 0
@@ -88,7 +97,11 @@ def _us(value: float) -> str:
 
 
 def render(report: ProfileReport) -> None:
+    for line in report.emulation:  # what an emulated profile cannot tell, before its numbers
+        console.print(f"[yellow]{escape(line)}[/yellow]", highlight=False)
     unit = "device µs" if report.device == "cuda" else "host µs (CPU: plumbing only)"
+    if report.ranks_per_gpu > 1:
+        unit += f", {report.ranks_per_gpu} ranks per GPU: not speedups"
     table = Table(title=plain(f"{report.target} on {report.problem} shape={report.shape} W={report.world_size}: "
                               f"{report.iterations} profiled calls, per-call means ({unit})"))
     for col in ("rank", "call", "median", "comm", "compute", "overlap", "idle", "gaps", "max gap", "kernels"):

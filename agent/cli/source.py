@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from agent.cli import emulation
 from agent.cli.common import CliError
 from harness.problems.parallelkernelbench import checkout
 from harness.problems.problem import MalformedProblem, Problem
@@ -90,15 +91,21 @@ def check_world_size(problem: Problem, world_size: int) -> None:
         raise CliError(f"problem {problem.name} does not support world size {world_size}; it supports {sizes}")
 
 
-def check_target(problem: Problem, shape: str | None, world_size: int, device: str) -> str:
+def check_target(problem: Problem, shape: str | None, world_size: int, device: str,
+                 ranks_per_gpu: int | None = None) -> str:
     """What `pkb roofline` and `pkb profile` run: the shape to use; CliError when the problem, shape, world size
-    or device does not fit."""
+    or device does not fit. `ranks_per_gpu`: the command's `--ranks-per-gpu` (None: it has none); above 1 the
+    ranks share GPUs (agent.cli.emulation's check)."""
     shape = shape or ("default" if device == "cuda" else "small")
     check_shape(problem, shape)
     check_world_size(problem, world_size)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise CliError("--device cuda: no CUDA device is visible on this machine")
-        if torch.cuda.device_count() < world_size:
-            raise CliError(f"--world-size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible")
+        if ranks_per_gpu is not None and ranks_per_gpu > 1:
+            emulation.check(device, world_size, ranks_per_gpu, torch.cuda.device_count())
+        elif torch.cuda.device_count() < world_size:
+            share = " (or share them: --ranks-per-gpu)" if ranks_per_gpu is not None else ""
+            raise CliError(f"--world-size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible"
+                           f"{share}")
     return shape

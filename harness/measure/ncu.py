@@ -19,6 +19,8 @@ signal from a peer that has moved on hangs. So:
 - the emulation's own barrier and signal kernels (harness.emulation.signals: they stand in for torch's
   when ranks share a GPU, are not the candidate's work, and wait on a peer in another context) are left
   out of the profile by name (`--kernel-name regex:` with a negative look-ahead); the timeline has them;
+- ranks that all share one GPU (emulation) have no NVLink traffic: their peers' buffers are that GPU's own
+  memory, so the NVLink counters are not asked for (NVLINK; each says why) and the peer traffic is in DRAM's;
 - a run whose replayed passes never finish (a kernel of the candidate's own that waits on a peer:
   measured on one H200, 2026-12-02, docs/profiling.md) is run again with ONE_PASS, metrics that ncu
   collects in a single pass: nothing is replayed, so the kernel runs once, as it would unprofiled, and
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.common import hostile_files
-from harness.emulation import signals
+from harness.emulation import layout, signals
 
 DURATION = "gpu__time_duration.sum"  # a kernel's time: in every set, and the one metric a summary cannot lack
 # Small metric sets (duration, launch statistics and a few counters): few passes each under kernel replay.
@@ -111,6 +113,10 @@ METRIC_SETS["agent"] = (
 # DRAM traffic and the launch statistics (the last cost no pass at all).
 ONE_PASS: tuple[str, ...] = (DURATION, "dram__bytes_read.sum", "dram__bytes_write.sum", "launch__registers_per_thread",
                              "launch__grid_size", "launch__block_size")
+# NVLink's byte counters (Hopper's names): nothing to count where every rank shares one GPU.
+NVLINK: tuple[str, ...] = ("nvltx__bytes.sum", "nvlrx__bytes.sum")
+NO_NVLINK_ON_ONE_GPU = ("not collected: every rank shares one GPU (emulation), so no byte crosses NVLink; the peers' "
+                        "loads and stores are this GPU's own memory traffic, counted in DRAM")
 # Kernels never profiled: the emulation's barrier and signal kernels (by their PTX entry names).
 NOT_PROFILED: tuple[str, ...] = (signals.BARRIER, signals.PUT_SIGNAL, signals.WAIT_SIGNAL)
 # The share of the time left that a replayed set may take before the one-pass run replaces it (the one-shot
@@ -384,6 +390,14 @@ def summarize_kernels(report: NcuReport, *, hbm: Ceiling, link: Ceiling, call_us
 # -- running ncu ------------------------------------------------------------------------------------------
 
 
+def on_one_gpu(world_size: int, ranks_per_gpu: int, gpus: Sequence[int] | None = None) -> bool:
+    """Every rank on the same GPU: the GPUs given (one per rank), else as many as harness.emulation's placement
+    needs at `ranks_per_gpu` a GPU."""
+    if gpus:
+        return len(set(gpus)) == 1
+    return layout.gpus_needed(world_size, ranks_per_gpu) == 1
+
+
 def ncu_path() -> str | None:
     return shutil.which("ncu")
 
@@ -517,6 +531,11 @@ def collect(problem: Any, candidate: Path | None, *, world_size: int, device: st
     collected: set[str] = set()
     unreadable: set[str] = set()
     why: dict[str, str] = {}
+    if ranks_per_gpu > 1 and on_one_gpu(world_size, ranks_per_gpu, gpus):
+        # Not asked for: they would read nothing here, and on a GPU without NVLink peers one such counter fails
+        # the whole run (a wasted run of the budget before the set runs again without it).
+        why.update({m: NO_NVLINK_ON_ONE_GPU for m in wanted if m in NVLINK})
+        sets = [(name, rest) for name, ms in sets if (rest := tuple(m for m in ms if m not in NVLINK))]
     if NOT_PROFILED and ranks_per_gpu > 1:
         report.notes.append(f"not profiled: {', '.join(NOT_PROFILED)} (the emulation's barrier and signal kernels; "
                             "the timeline has their time)")

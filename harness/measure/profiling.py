@@ -1,6 +1,8 @@
 """Where a candidate's time goes, the parent side: starts the ranks for op "profile" (harness.rank.timeline
 summarises each rank's PyTorch profiler timeline), merges their summaries into a ProfileReport and, on GPUs,
 adds Nsight Compute metrics (harness.measure.ncu) and Nsight Systems' kernel summary (harness.measure.nsys).
+Ranks that share GPUs (harness.emulation) are profiled the same way; the report then says what such a profile
+can and cannot tell (emulation_caveats).
 """
 
 from __future__ import annotations
@@ -20,7 +22,37 @@ from harness.launch.sandbox.private import private_folder, remove_private, stage
 from harness.measure import ncu as nsight
 from harness.measure import nsys as systems
 from harness.measure.roofline import resolve_ceilings
+from harness.problems.parallelkernelbench import multicast
 from harness.rank.candidate import required_positional
+
+# What a profile of ranks sharing GPUs (docs/emulation.md) can and cannot tell, as people and the model read it
+# (docs/profiling.md): one line each, under emulation_caveats' first.
+EMULATED_TIMES = ("times: the ranks take turns on the GPU (time slices), so a wait on a peer includes the peer's "
+                  "turn (milliseconds); call, comm, overlap, idle and skew are not comparable with real multi-GPU "
+                  "runs and are never speedups")
+EMULATED_TRAFFIC_ONE_GPU = ("traffic: the peers' buffers are this GPU's own memory, so peer loads and stores are "
+                            "DRAM/L2 traffic and nothing crosses NVLink (its counters are not read)")
+EMULATED_TRAFFIC_SOME_GPUS = ("traffic: a peer on the same GPU is that GPU's own DRAM/L2 traffic, not NVLink; NVLink "
+                              "counters see only the peers on other GPUs")
+EMULATED_COLLECTIVES = ("collectives (the reference's, torch.distributed calls) run on the host, not as NCCL "
+                        "kernels; the emulation's barrier and signal kernels (pkb_emu_*) stand in for torch's")
+EMULATED_NCU = ("Nsight Compute, rank {rank} only: a kernel's launch shape, registers, DRAM bytes, SM and memory "
+                "throughput and stall reasons are its own; the pkb_emu_* kernels are left out (the timeline has them)")
+
+
+def emulation_caveats(world_size: int, ranks_per_gpu: int, *, device: str = "cuda", gpus: list[int] | None = None,
+                      ncu_rank: int | None = None) -> list[str]:
+    """What a profile of W ranks at `ranks_per_gpu` a GPU can and cannot tell (none in the ordinary mode);
+    `ncu_rank`: the rank Nsight Compute profiled, where it ran."""
+    if ranks_per_gpu <= 1 or device != "cuda":
+        return []
+    traffic = EMULATED_TRAFFIC_ONE_GPU if nsight.on_one_gpu(world_size, ranks_per_gpu, gpus) \
+        else EMULATED_TRAFFIC_SOME_GPUS
+    said = [EMULATED_TIMES, traffic, EMULATED_COLLECTIVES]
+    if ncu_rank is not None:
+        said.append(EMULATED_NCU.format(rank=ncu_rank))
+    return [f"emulated: {ranks_per_gpu} ranks share each GPU (symmetric memory emulated); what this profile can "
+            "and cannot tell:", *(f"- {line}" for line in said)]
 
 
 class ProfileError(RuntimeError):
@@ -71,6 +103,8 @@ class ProfileReport:
     ranks: list[RankTimeline]
     slowest_rank: int
     skew: float  # (max - min) / max of the ranks' median call times
+    ranks_per_gpu: int = 1  # above 1: ranks shared GPUs (harness.emulation)
+    emulation: list[str] = field(default_factory=list)  # emulation_caveats: what this profile cannot tell
     ncu: Any = None  # harness.measure.ncu.NcuReport, when Nsight Compute was asked for
     # harness.measure.ncu.KernelSummary per top kernel (Nsight Compute's counters against the ceilings), and the
     # ceilings
@@ -142,6 +176,11 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
     reports. Raises ProfileError when the candidate cannot run."""
     started = time.perf_counter()
     notes: list[str] = []
+    if candidate is not None and ranks_per_gpu > 1 and device == "cuda":
+        # Multicast the emulation cannot rewrite: refused before anything runs, as an evaluation refuses it.
+        refused = multicast.emulation_reason(Path(candidate).read_bytes().decode(errors="replace"))
+        if refused:
+            raise ProfileError(f"not available in emulation: {refused}")
     base: dict[str, Any] = {"problem": problem.loader_spec, "shape": shape, "candidate": None}
     entry = None
     # The candidate runs here too: in its sandbox, like in an evaluation (a timeline decides nothing, but
@@ -185,7 +224,9 @@ def profile(problem: Any, candidate: Path | None, *, world_size: int, device: st
         notes.append("no spin markers in the trace: windows span the whole profile, harness barriers included")
     report = ProfileReport(problem=problem.name, target=candidate.name if candidate else "reference", shape=shape,
                            world_size=world_size, device=device, warmup=warmup, iterations=iters, ranks=ranks,
-                           slowest_rank=slowest, skew=skew, notes=notes)
+                           slowest_rank=slowest, skew=skew, ranks_per_gpu=ranks_per_gpu, notes=notes,
+                           emulation=emulation_caveats(world_size, ranks_per_gpu, device=device, gpus=gpus,
+                                                       ncu_rank=ncu_rank if ncu else None))
     if ncu:
         report.ncu = nsight.collect(problem, candidate, world_size=world_size, device=device, shape=shape,
                                     seed=seed, rank=ncu_rank, budget_s=ncu_budget_s, metrics=ncu_metrics,

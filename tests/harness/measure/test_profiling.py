@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import stat
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ from harness.rank.timeline import (
     union,
 )
 from tests.conftest import CANDIDATES, live_children
+from tests.harness.measure.ncu_support import fake_ncu
 from tools.render import count_tokens
 from tools.summaries import ncu_lines
 from tools.summaries import profile_text as render_text
@@ -327,37 +327,10 @@ def test_collect_says_why_nothing_was_collected(monkeypatch):
 # -- Nsight Compute: the driver end to end, with a stand-in ncu on CPU ranks --------------------------------
 
 
-FAKE_NCU = textwrap.dedent('''\
-    #!{python}
-    """Stands in for ncu: records its arguments, runs the application, writes a report; --import prints CSV."""
-    import json, os, subprocess, sys
-
-    args = sys.argv[1:]
-    if "--import" in args:
-        sys.stdout.write(open(os.environ["PKB_TEST_FAKE_NCU_CSV"]).read())
-        sys.exit(0)
-    with open(os.environ["PKB_TEST_FAKE_NCU_ARGS"], "a") as f:
-        f.write(json.dumps(args) + "\\n")
-    valued = {{"--target-processes", "--replay-mode", "--cache-control", "--clock-control", "--profile-from-start",
-              "--launch-count", "--kernel-name-base", "--kernel-name", "--metrics", "--export"}}
-    i = 0
-    while i < len(args) and args[i].startswith("--"):
-        i += 2 if args[i] in valued else 1
-    print('==PROF== Profiling "one_shot_all_reduce" - 0: 0%....50%....100% - 1 pass', flush=True)
-    code = subprocess.call(args[i:], close_fds=False)  # the worker needs the pool's pipes
-    open(args[args.index("--export") + 1], "w").write("report")
-    sys.exit(code)
-    ''')
 
 
 def test_ncu_driver_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
-    fake = tmp_path / "ncu"
-    fake.write_text(FAKE_NCU.format(python=sys.executable))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "raw.csv").write_text(RAW_CSV)
-    monkeypatch.setenv("PKB_TEST_FAKE_NCU_CSV", str(tmp_path / "raw.csv"))
-    monkeypatch.setenv("PKB_TEST_FAKE_NCU_ARGS", str(tmp_path / "args.jsonl"))
-    monkeypatch.setattr(nsight, "ncu_path", lambda: str(fake))
+    args = fake_ncu(tmp_path, RAW_CSV, monkeypatch)
     import harness.launch.pool
 
     class CpuPool(harness.launch.pool.RankPool):  # the ranks run on CPU; everything else is the GPU path
@@ -370,7 +343,7 @@ def test_ncu_driver_end_to_end_with_a_stand_in(tmp_path, monkeypatch):
                             budget_s=240, metrics=wanted, calls=2)
     assert live_children() == []
     assert [r.status for r in report.runs] == ["collected"] and report.runs[0].passes == {"one_shot_all_reduce": 1}
-    launched = [json.loads(line) for line in (tmp_path / "args.jsonl").read_text().splitlines()]
+    launched = [json.loads(line) for line in args.read_text().splitlines()]
     assert len(launched) == 1 and "harness.rank.worker" in launched[0]
     assert launched[0][launched[0].index("--rank") + 1] == "1"  # only the chosen rank ran under ncu
     assert report.per_call["nvltx__bytes.sum"] == pytest.approx(2 * 1_048_576 / 2)
