@@ -231,12 +231,19 @@ def _records(run_dir: Path) -> dict[int, dict[str, Any]]:
             for p in (run_dir / "samples" / "all_reduce" / "replay").glob("*/sample.json")}
 
 
+# One finished sample, one running when the signal comes, four queued: the runner's queue is one mechanism
+# whatever its length (before issue 29 every queued sample ran after Ctrl-C, a failure four catch as well as
+# eighteen), and each sample --resume scores again costs two evaluations (~11 s on an idle 2-core machine), so
+# a longer queue only lengthens the suite (issue 47; benchmarks/interrupt_latency.py keeps the 20-sample run).
+SAMPLES = 6
+
+
 @pytest.mark.slow
-def test_sigint_stops_pkb_run_with_20_queued_samples_and_resume_finishes_the_rest(tmp_path: Path) -> None:
+def test_sigint_stops_pkb_run_with_queued_samples_and_resume_finishes_the_rest(tmp_path: Path) -> None:
     solutions = tmp_path / "solutions" / "all_reduce"
     solutions.mkdir(parents=True)
     (solutions / "s00.py").write_text(CORRECT.read_text())
-    for i in range(1, 20):
+    for i in range(1, SAMPLES):
         (solutions / f"s{i:02d}.py").write_text(LONG.read_text())
     private = tmp_path / "tmp"  # every pool and evaluation folder, and so every rank's command line, is in here
     private.mkdir()
@@ -254,29 +261,29 @@ def test_sigint_stops_pkb_run_with_20_queued_samples_and_resume_finishes_the_res
     assert proc.poll() is None, proc.communicate()[0]
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
-    # 19 samples of at least 120 s each are left: the run only ends this soon if it stopped.
+    # SAMPLES - 1 samples of at least 120 s each are left: the run only ends this soon if it stopped.
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "stopping 1 running sample(s)" in out
-    assert f"1 of 20 samples finished; continue with: pkb run --run-id int --resume --runs-dir {runs}" in out
+    assert f"1 of {SAMPLES} samples finished; continue with: pkb run --run-id int --resume --runs-dir {runs}" in out
     records = _records(run_dir)
     finished = {k for k, r in records.items() if r["status"] == "finished"}
-    assert finished == {0}  # far fewer than 20: the queued samples never started
-    assert set(records) == {0, 1}  # sample 1 was running (unfinished), the 18 queued ones never began
+    assert finished == {0}  # fewer than all: the queued samples never started
+    assert set(records) == {0, 1}  # sample 1 was running (unfinished), the queued ones never began
     assert processes_mentioning(str(private)) == []  # no rank, launcher or sandbox is left
     assert list(private.iterdir()) == []
     first = (run_dir / "samples" / "all_reduce" / "replay" / "0" / "sample.json").read_bytes()
 
-    for i in range(1, 20):  # what is left is now quick to score
+    for i in range(1, SAMPLES):  # what is left is now quick to score
         (solutions / f"s{i:02d}.py").write_text(CORRECT.read_text())
     out, _ = _pkb("--runs-dir", str(runs), "--run-id", "int", "--resume", env=env).communicate(timeout=1200)
-    assert "resuming run int: 1 of 20 samples finished, 19 left" in out, out
+    assert f"resuming run int: 1 of {SAMPLES} samples finished, {SAMPLES - 1} left" in out, out
     records = _records(run_dir)
-    assert len(records) == 20 and all(r["status"] == "finished" and r["correct"] for r in records.values()), out
+    assert len(records) == SAMPLES and all(r["status"] == "finished" and r["correct"] for r in records.values()), out
     assert (run_dir / "samples" / "all_reduce" / "replay" / "0" / "sample.json").read_bytes() == first
     proc = _pkb("--runs-dir", str(runs), "--run-id", "int", "--resume", env=env)
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "all 20 samples are finished; nothing left to run" in out, out
+    assert proc.returncode == 0 and f"all {SAMPLES} samples are finished; nothing left to run" in out, out
 
 
 @pytest.mark.slow
