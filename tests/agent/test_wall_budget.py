@@ -296,7 +296,12 @@ def test_a_check_running_past_the_deadline_is_stopped_and_leaves_nothing(tmp_pat
     ctx = ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
                       config=config, workdir=tmp_path / "sample", deadline=time.monotonic() + 8.0)
     beside: list[str] = []
-    neighbour = threading.Thread(target=lambda: (cancel.sleep(12.0), beside.append("slept")))  # no deadline there
+
+    def sleep_without_a_deadline() -> None:
+        cancel.sleep(12.0)
+        beside.append("slept")
+
+    neighbour = threading.Thread(target=sleep_without_a_deadline)
     neighbour.start()
     outcome = run_tool("check", {"source": LONG.read_text()}, ctx)
     neighbour.join(timeout=60)
