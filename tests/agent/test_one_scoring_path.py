@@ -7,19 +7,25 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent import final_scoring, remeasure
+from agent.cli import run as cli_run
+from agent.executors.request import device_seconds
 from agent.rescore import rescore_run
 from agent.rundir import RunLayout
 from agent.scheduler import DeviceScheduler
 from harness.common.paths import REPO_ROOT
+from harness.emulation import layout
 from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
 from tests.agent_support import BROKEN, eval_config, fenced, run_samples, scripted
+from tests.conftest import CANDIDATES
+from tools.base import ToolContext
 
 MODEL_STACK = ("langchain", "langgraph")  # every module of LangChain's and LangGraph's packages starts so
 
@@ -56,13 +62,17 @@ def test_the_score_node_rescore_and_remeasure_score_through_one_function(tmp_pat
     assert measured.rounds[0].verdict == "compile_error"
 
 
-def test_the_runner_judges_a_sample_again_through_the_same_function(tmp_path: Path,
-                                                                    calls: list[tuple[str, int]]) -> None:
-    runner, summary = run_samples(tmp_path, [scripted([("text", fenced(BROKEN))])], conditions=["zero-shot"])
-    spec = next(s for s in runner.plan() if s.problem.name == "all_reduce")
-    record = runner.rejudge(spec)
-    assert calls == [("final.py", final_scoring.scoring_seed(0))] * 2
-    assert record["scoring_seed"] == summary.records[0]["scoring_seed"] == final_scoring.scoring_seed(0)
+def test_the_runner_scores_a_replayed_file_through_the_same_function(tmp_path: Path,
+                                                                     calls: list[tuple[str, int]]) -> None:
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    (solutions / "all_reduce.py").write_text(BROKEN)
+    code = cli_run.main(["--model", f"replay:{solutions}", "--problems", "all_reduce", "--trials", "2",
+                         "--runs-dir", str(tmp_path / "runs"), "--run-id", "replayed"])
+    assert code == 0  # the run finished; its one file is judged (wrong)
+    assert calls == [("final.py", final_scoring.scoring_seed(0))]
+    record = RunLayout(tmp_path / "runs" / "replayed").sample("all_reduce", "replay", 0).record() or {}
+    assert record["verdict"] == "compile_error" and record["scoring_seed"] == final_scoring.scoring_seed(0)
 
 
 def test_pkb_rescore_loads_no_model_stack(tmp_path: Path) -> None:
@@ -107,3 +117,18 @@ def test_the_run_layout_names_every_path_of_a_run_folder(tmp_path: Path) -> None
     assert run.sample_dirs() == []  # a folder without sample.json is no sample
     sample.sample_json.write_text("{}")
     assert run.sample_dirs() == [sample]
+
+
+def test_gpu_seconds_have_one_definition_whoever_measures_them(tmp_path: Path) -> None:
+    """An evaluation's figure (its executor's held seconds), a device call's and a tool's own wall time are each
+    harness.emulation.layout.device_seconds: the GPUs held, ranks sharing one counted once."""
+    problem = get(load_suite(), "all_reduce")
+    emulated = eval_config().model_copy(update={"ranks_per_gpu": 2})
+    ctx = ToolContext(problem=problem, world_size=4, device="cuda", shape="small", config=emulated, workdir=tmp_path)
+    assert ctx.gpu_seconds(10.0) == layout.device_seconds(10.0, 4, 2) == 20.0  # two GPUs held, not four
+    assert replace(ctx, device="cpu").gpu_seconds(10.0) == 0.0  # a tool on CPU holds no GPU
+
+    result = evaluate(problem, CANDIDATES / "compile_error_syntax.py", world_size=4, device="cpu", shape="small",
+                      config=emulated)
+    result = result.model_copy(update={"environment": {**result.environment, "executor": {"held_s": 3.0}}})
+    assert device_seconds(result) == layout.device_seconds(3.0, 4, 2) == 6.0
