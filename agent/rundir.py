@@ -167,6 +167,11 @@ class RunLayout:
         return [SampleLayout(p.parent) for p in sorted(self.samples.glob(f"*/*/*/{SAMPLE_FILE}"))]
 
 
+def is_run_dir(path: Path) -> bool:
+    """A `pkb run` folder: it has its run.json."""
+    return RunLayout(path).run_json.is_file()
+
+
 # The names the runner and its callers have always used.
 RunDir = RunLayout
 SampleDir = SampleLayout

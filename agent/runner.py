@@ -57,7 +57,6 @@ from agent.run_config import RunConfig as RunConfig
 from agent.run_config import RunError as RunError
 from agent.run_config import load_run_config as load_run_config
 from agent.rundir import (
-    ATTEMPTS_DIR,
     FINISHED,
     RUN_SCHEMA,
     RUNNING,
@@ -688,7 +687,7 @@ class Runner:
         """The n-th judgement's records into attempts/<n>/ (copies of sample.json and result.json, the rank logs
         moved): nothing of it is lost when the next judgement writes the sample's own files. Returns the folder,
         relative to the sample's."""
-        folder = sdir.path / ATTEMPTS_DIR / str(n)
+        folder = sdir.attempts / str(n)
         write_json_atomic(folder / sdir.sample_json.name, previous)
         if sdir.result_json.is_file():
             write_bytes_atomic(folder / sdir.result_json.name, sdir.result_json.read_bytes())
