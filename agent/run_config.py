@@ -124,12 +124,12 @@ def load_run_config(run_dir: RunLayout) -> RunConfig:
 
 
 def _default_context_share() -> float:
-    from agent.context import DEFAULT_SHARE
+    from agent.context import DEFAULT_SHARE  # the model stack: only for a config that leaves the share out
 
     return DEFAULT_SHARE
 
 
 def _default_prompt() -> str:
-    from agent.prompting import OURS
+    from agent.prompting import OURS  # the model stack: only for a config that leaves the prompt out
 
     return OURS
