@@ -53,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -62,21 +61,20 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph, add_messages
 
-from agent import caching, final_scoring, prompting, scoring
+from agent import caching, final_scoring, prompting
 from agent.budgets import MAX_WALL, Budget, BudgetTracker, Spent
 from agent.conditions import BASH, SUBMIT
 from agent.context import ContextPolicy, ContextState, prepare, tools_token_count
-from agent.executors.interface import Executor
+from agent.executors.interface import as_evaluate
 from agent.executors.local import LocalExecutor
-from agent.executors.request import EvalRequest
+from agent.final_scoring import SCORING_SEED_OFFSET as SCORING_SEED_OFFSET  # re-exported: their old home
+from agent.final_scoring import scoring_seed as scoring_seed
 from agent.model_spec import ProviderError
 from agent.model_table import load_model_table
 from agent.reasoning import least_reply, reply_limit
 from agent.retry import WALL, invoke_model
 from agent.rundir import SampleDir, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
-from agent.scheduler import DeviceScheduler
-from agent.scoring import Scored
 from agent.stop_reasons import StopReason, checked
 from agent.tool_calls import (
     bound_reply,
@@ -87,14 +85,8 @@ from agent.tool_calls import (
     tool_context,
 )
 from agent.usage import usage_of
-from harness.config import EvalConfig
-from harness.problems.problem import Problem
-from harness.records.results import EvalResult
 from tools import bash as shell
 from tools.langchain_tools import make_tools
-
-# The final scoring's seed is this far from the run's seed, which the tools use: fresh inputs.
-SCORING_SEED_OFFSET = 1_000_003
 
 # Stop reasons that are not budgets (agent.stop_reasons), by the names the callers know them by.
 SUBMITTED = StopReason.SUBMITTED.value
@@ -104,10 +96,6 @@ ZERO_SHOT = StopReason.ZERO_SHOT.value
 MODEL_ERROR = StopReason.MODEL_ERROR.value
 REPLAYED = StopReason.REPLAYED.value
 CONTEXT_OVERFLOW = StopReason.CONTEXT_OVERFLOW.value
-
-
-def scoring_seed(seed: int) -> int:
-    return seed + SCORING_SEED_OFFSET
 
 
 class FatalProviderError(ProviderError):
@@ -208,67 +196,16 @@ def _drop_orphans(ctx: SampleContext, state: AgentState) -> None:
 
 
 # -- scoring ----------------------------------------------------------------------------------------
-def score_file(problem: Problem, path: Path, *, config: EvalConfig, scheduler: DeviceScheduler | None,
-               world_size: int, device: str, shape: str, log_dir: Path | None, log: Any = None,
-               executor: Executor | None = None, seed: int | None = None) -> Scored:
-    """The full harness on `path` with scoring_seed(config.seed) (or `seed`), through `executor` (else this
-    node's devices, in the scheduler's leases) by agent.scoring: an infra_error is retried (bounded)."""
-    scoring_config = config.model_copy(update={"seed": scoring_seed(config.seed) if seed is None else seed})
-    runner = executor if executor is not None else LocalExecutor(scheduler)
-    request = EvalRequest.build(problem, path, world_size=world_size, device=device, shape=shape,
-                                config=scoring_config, log_dir=log_dir)
-    return scoring.score(lambda: runner.evaluate(request), log=log)
+def _score(ctx: SampleContext, path: Path, *, log_dir: Path | None = None) -> final_scoring.FinalScore:
+    """`path` scored finally by agent.final_scoring, through the sample's executor (else this node's devices, in
+    the scheduler's leases)."""
+    return final_scoring.score_submission(ctx.problem, path, evaluate=_evaluate(ctx), config=ctx.config,
+                                          world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
+                                          log_dir=log_dir, log=ctx.log)
 
 
-@dataclass
-class HeldOut:
-    summary: dict[str, Any]  # agent.final_scoring.shape_summary
-    seconds: float
-    gpu_s: float
-
-
-def score_held_out(problem: Problem, path: Path, visible: EvalResult, *, config: EvalConfig,
-                   scheduler: DeviceScheduler | None, world_size: int, device: str, shape: str, log: Any = None,
-                   executor: Executor | None = None) -> list[HeldOut]:
-    """The scored file on each held-out shape of the visible one (correctness only, a fresh seed each); not
-    run when the visible shape already failed (the sample is not correct either way)."""
-    if not visible.correct:
-        return []
-    out = []
-    for i, held in enumerate(problem.held_out_shapes(shape)):
-        scored = score_file(problem, path, config=config.model_copy(update={"skip_timing": True}), scheduler=scheduler,
-                            world_size=world_size, device=device, shape=held, log_dir=None, log=log, executor=executor,
-                            seed=final_scoring.held_out_seed(config.seed, i))
-        out.append(HeldOut(final_scoring.shape_summary(held, scored.result.model_dump(mode="json")), scored.seconds,
-                           scored.gpu_s))
-    return out
-
-
-def _held_out(ctx: SampleContext, path: Path, visible: EvalResult) -> list[HeldOut]:
-    return score_held_out(ctx.problem, path, visible, config=ctx.config, scheduler=ctx.scheduler,
-                          world_size=ctx.world_size, device=ctx.device, shape=ctx.shape, log=ctx.log,
-                          executor=ctx.executor)
-
-
-def _score_best(ctx: SampleContext, candidates: list[dict[str, Any]], final: str, log: Any) -> dict[str, Any] | None:
-    """The best candidate by the tools' evidence, scored like the final file when it is another file."""
-    entry = final_scoring.best_by_evidence(candidates)
-    if entry is None:
-        return None
-    best = {"candidate": entry["path"], "evidence": final_scoring.evidence_text(entry), "turn": entry.get("turn")}
-    final_sha = hashlib.sha256((ctx.directory.path / final).read_bytes()).hexdigest()
-    if entry.get("sha256") == final_sha or entry["path"] == final:
-        return {**best, "same_as_final": True}
-    path = ctx.directory.path / entry["path"]
-    scored = score_file(ctx.problem, path, config=ctx.config, scheduler=ctx.scheduler, world_size=ctx.world_size,
-                        device=ctx.device, shape=ctx.shape, log_dir=None, log=log, executor=ctx.executor)
-    held = _held_out(ctx, path, scored.result)
-    result = scored.result.model_dump(mode="json")
-    overall = final_scoring.combined(result, [h.summary for h in held])
-    return {**best, "same_as_final": False, **overall, "speedup": result.get("speedup"),
-            "fast_eligible": bool(result.get("fast_eligible", True)), "flags": list(result.get("flags") or []),
-            "held_out": [h.summary for h in held], "seconds": scored.seconds + sum(h.seconds for h in held),
-            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held)}
+def _evaluate(ctx: SampleContext) -> final_scoring.EvaluateFn:
+    return as_evaluate(ctx.executor if ctx.executor is not None else LocalExecutor(ctx.scheduler))
 
 
 def _shell_file(ctx: SampleContext, candidates: list[dict[str, Any]], spent: Spent) -> tuple[str | None, bool]:
@@ -481,20 +418,18 @@ def build_graph(ctx: SampleContext, checkpointer: Any = None, *, score_final: bo
             return {**update, "result": None, "held_out": [], "best": None,
                     "scoring": {"seconds": 0.0, "gpu_s": 0.0, "attempts": 0, "final": final}}
         write_bytes_atomic(ctx.directory.final_py, (ctx.directory.path / final).read_bytes())
-        scored = score_file(ctx.problem, ctx.directory.final_py, config=ctx.config, scheduler=ctx.scheduler,
-                            world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                            log_dir=ctx.directory.logs, log=log, executor=ctx.executor)
-        held = _held_out(ctx, ctx.directory.final_py, scored.result)
+        scored = _score(ctx, ctx.directory.final_py, log_dir=ctx.directory.logs)
         if log is not None:
             log.info("scored", final=final, verdict=scored.result.verdict, speedup=scored.result.speedup,
-                     seconds=round(scored.seconds, 3), attempts=scored.attempts,
-                     held_out=[(h.summary["shape"], h.summary["verdict"]) for h in held])
-        best = _score_best(ctx, candidates, final, log)
-        seconds = scored.seconds + sum(h.seconds for h in held) + float((best or {}).get("seconds") or 0.0)
-        gpu_s = scored.gpu_s + sum(h.gpu_s for h in held) + float((best or {}).get("gpu_s") or 0.0)
-        return {**update, "result": scored.result.model_dump(mode="json"), "held_out": [h.summary for h in held],
-                "best": best, "scoring": {"seconds": seconds, "gpu_s": gpu_s, "attempts": scored.attempts,
-                                          "final": final}}
+                     seconds=round(scored.visible.seconds, 3), attempts=scored.visible.attempts,
+                     held_out=[(h["shape"], h["verdict"]) for h in scored.shapes])
+        best = final_scoring.score_best(ctx.problem, ctx.directory.path, candidates, final, evaluate=_evaluate(ctx),
+                                        config=ctx.config, world_size=ctx.world_size, device=ctx.device,
+                                        shape=ctx.shape, log=log)
+        out = scored.state()
+        out["scoring"].update(seconds=out["scoring"]["seconds"] + float((best or {}).get("seconds") or 0.0),
+                              gpu_s=out["scoring"]["gpu_s"] + float((best or {}).get("gpu_s") or 0.0), final=final)
+        return {**update, **out, "best": best}
 
     def after_guard(state: AgentState) -> str:
         return "score" if state.get("stop_reason") else "model"

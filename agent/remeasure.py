@@ -35,13 +35,12 @@ from typing import Any
 
 from scipy.stats import binom
 
-from agent import final_scoring, scoring
+from agent import final_scoring
+from agent.final_scoring import EvaluateFn
 from harness.common.flags import SPEEDUP_DISQUALIFIERS, is_emulated
 from harness.config import EvalConfig
 from harness.problems.problem import Problem
 from harness.records.results import EvalResult
-
-EvaluateFn = Callable[..., EvalResult]  # harness.evaluate.evaluate's signature
 
 GPU = "gpu"
 CPU = "cpu"
@@ -200,31 +199,19 @@ def timing_of(result: EvalResult, device: str) -> str:
     return CPU if device == "cpu" else GPU
 
 
-def _score(evaluate: EvaluateFn, problem: Problem, path: Path, config: EvalConfig, *, world_size: int, device: str,
-           shape: str, log: Any) -> scoring.Scored:
-    return scoring.score(lambda: evaluate(problem, path, world_size=world_size, device=device, shape=shape,
-                                          config=config, log_dir=None),
-                         log=log, event="remeasure_infra_error", candidate=str(path), shape=shape, seed=config.seed)
-
-
 def measure_round(problem: Problem, path: Path, *, evaluate: EvaluateFn, config: EvalConfig, seed: int,
                   world_size: int, device: str, shape: str,
                   held_out_seed: Callable[[int, int], int] = final_scoring.held_out_seed,
                   log: Any = None) -> tuple[Round, EvalResult]:
-    """One round (module docstring) and the visible shape's EvalResult."""
+    """One round (module docstring): agent.final_scoring.score_final on `seed`, the reference timed afresh; and the
+    visible shape's EvalResult."""
     fresh = config.model_copy(update={"seed": seed, "use_reference_cache": False})  # a new bench, not a cached one
-    visible = _score(evaluate, problem, path, fresh, world_size=world_size, device=device, shape=shape, log=log)
-    result = visible.result
-    gpu_s, seconds, attempts = visible.gpu_s, visible.seconds, visible.attempts
-    held: list[dict[str, Any]] = []
-    if result.correct:
-        for i, name in enumerate(problem.held_out_shapes(shape)):
-            checked = _score(evaluate, problem, path,
-                             fresh.model_copy(update={"seed": held_out_seed(seed, i), "skip_timing": True}),
-                             world_size=world_size, device=device, shape=name, log=log)
-            held.append(final_scoring.shape_summary(name, checked.result.model_dump(mode="json")))
-            gpu_s, seconds = gpu_s + checked.gpu_s, seconds + checked.seconds
-    overall = final_scoring.combined(result.model_dump(mode="json"), held)
+    scored = final_scoring.score_final(problem, path, evaluate=evaluate, config=fresh, world_size=world_size,
+                                       device=device, shape=shape, held_out_seed=lambda i: held_out_seed(seed, i),
+                                       log=log, event="remeasure_infra_error", candidate=str(path))
+    result = scored.result
+    held = scored.shapes
+    overall = scored.overall()
     timing = timing_of(result, device)
     speedup = result.speedup if result.correct and timing in MEASURED else None
     flagged = bool(set(result.flags) & SPEEDUP_DISQUALIFIERS)
@@ -234,8 +221,9 @@ def measure_round(problem: Problem, path: Path, *, evaluate: EvaluateFn, config:
                  correct_visible=bool(result.correct), held_out=held, timing=timing, speedup=speedup,
                  candidate_ms=timings.candidate.median_ms if timings else None,
                  reference_ms=timings.reference.median_ms if timings else None, flags=sorted(result.flags),
-                 fast_eligible=bool(result.fast_eligible) and timing != EMULATED, trusted=trusted, attempts=attempts,
-                 gpu_s=round(gpu_s, 6), seconds=round(seconds, 6)), result
+                 fast_eligible=bool(result.fast_eligible) and timing != EMULATED, trusted=trusted,
+                 attempts=scored.visible.attempts, gpu_s=round(scored.gpu_s, 6),
+                 seconds=round(scored.seconds, 6)), result
 
 
 def remeasure(problem: Problem, path: Path, *, evaluate: EvaluateFn, config: EvalConfig, seeds: Sequence[int],

@@ -24,14 +24,13 @@ from typing import Any
 from agent import final_scoring, remeasure
 from agent.executors.interface import as_evaluate
 from agent.executors.local import LocalExecutor
-from agent.graph import scoring_seed
-from agent.remeasure import EvaluateFn
-from agent.rundir import FINISHED, RunDir, read_json, write_json_atomic
-from agent.runner import RunConfig
+from agent.final_scoring import EvaluateFn
+from agent.run_config import RunConfig
+from agent.rundir import FINISHED, RESCORED_FILE, RunLayout, SampleLayout, read_json, write_json_atomic
 from agent.scheduler import DeviceScheduler
 from harness.problems.problem import Problem
 
-RESCORED_FILE = "rescored.json"
+__all__ = ["RESCORED_FILE", "RescoreSummary", "rescore_run", "rescore_sample"]
 
 
 @dataclass
@@ -43,21 +42,16 @@ class RescoreSummary:
     missing_problems: list[str] = field(default_factory=list)
 
 
-def _sample_dirs(run: RunDir) -> list[Path]:
-    root = run.path / "samples"
-    return sorted(p.parent for p in root.glob("*/*/*/sample.json")) if root.is_dir() else []
-
-
 def rescore_sample(folder: Path, problem: Problem, config: RunConfig, evaluate: EvaluateFn,
                    summary: RescoreSummary, lock: threading.Lock,
                    progress: Callable[[str], None] | None = None) -> None:
-    path = folder / RESCORED_FILE
+    files = SampleLayout(folder)
+    path = files.rescored_json
     previous = read_json(path)
     done: dict[str, Any] = dict((previous or {}).get("candidates") or {}) if isinstance(previous, dict) else {}
     by_sha = {v["sha256"]: v for v in done.values() if isinstance(v, dict) and "sha256" in v}
     eval_config = config.eval_config()
-    files = sorted((folder / "candidates").glob("[0-9][0-9][0-9]*.py"))
-    for file in files:
+    for file in files.candidate_files():
         rel = file.relative_to(folder).as_posix()
         sha = hashlib.sha256(file.read_bytes()).hexdigest()
         with lock:
@@ -69,7 +63,7 @@ def rescore_sample(folder: Path, problem: Problem, config: RunConfig, evaluate: 
                 summary.reused += 1
             continue
         measured = remeasure.remeasure(
-            problem, file, evaluate=evaluate, config=eval_config, seeds=[scoring_seed(eval_config.seed)],
+            problem, file, evaluate=evaluate, config=eval_config, seeds=[final_scoring.scoring_seed(eval_config.seed)],
             world_size=config.world_size, device=config.device, shape=config.shape,
             held_out_seed=lambda _seed, i: final_scoring.held_out_seed(eval_config.seed, i))
         r = measured.rounds[0]
@@ -88,7 +82,7 @@ def rescore_sample(folder: Path, problem: Problem, config: RunConfig, evaluate: 
                              "candidates": done})
 
 
-def rescore_run(run: RunDir, config: RunConfig, problems: dict[str, Problem], *, concurrency: int = 1,
+def rescore_run(run: RunLayout, config: RunConfig, problems: dict[str, Problem], *, concurrency: int = 1,
                 scheduler: DeviceScheduler | None = None,
                 progress: Callable[[str], None] | None = None) -> RescoreSummary:
     """Every finished sample's distinct candidates, scored by the final scorer (module docstring)."""
@@ -97,8 +91,9 @@ def rescore_run(run: RunDir, config: RunConfig, problems: dict[str, Problem], *,
     evaluate = as_evaluate(LocalExecutor(scheduler))
     lock = threading.Lock()
     jobs = []
-    for folder in _sample_dirs(run):
-        record = read_json(folder / "sample.json") or {}
+    for sample in run.sample_dirs():
+        folder = sample.path
+        record = sample.record() or {}
         if record.get("status") != FINISHED:
             continue
         problem = problems.get(str(record.get("problem")))

@@ -1,4 +1,5 @@
-"""Paths of a run directory (docs/run-layout.md) and the atomic, redacted writes every file of it goes through.
+"""The paths of a run directory (RunLayout, docs/run-layout.md) and the atomic, redacted writes every file of it
+goes through.
 
 A file is written to a temporary name in its own folder, flushed to disk, then renamed over the target
 (harness.common.atomic_write, the project's one atomic writer): a reader (or a resumed run) sees the old file
@@ -22,6 +23,8 @@ SAMPLE_SCHEMA = "pkb-sample/1"
 RUNNING = "running"
 FINISHED = "finished"
 ATTEMPTS_DIR = "attempts"  # a sample's earlier judgements, one folder each (docs/run-layout.md)
+SAMPLE_FILE = "sample.json"
+RESCORED_FILE = "rescored.json"
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -56,14 +59,14 @@ def read_json(path: Path) -> Any | None:
 
 
 @dataclass(frozen=True)
-class SampleDir:
+class SampleLayout:
     """samples/<problem>/<condition>/<k>/ and the files in it."""
 
     path: Path
 
     @property
     def sample_json(self) -> Path:
-        return self.path / "sample.json"
+        return self.path / SAMPLE_FILE
 
     @property
     def result_json(self) -> Path:
@@ -86,8 +89,25 @@ class SampleDir:
         """Rank logs of the final scoring."""
         return self.path / "logs"
 
+    @property
+    def rescored_json(self) -> Path:
+        """`pkb rescore RUN`: every distinct candidate scored by the final scorer (agent.rescore)."""
+        return self.path / RESCORED_FILE
+
+    @property
+    def attempts(self) -> Path:
+        """Earlier judgements of the sample, attempts/<n>/ each (agent.runner.Runner.rejudge)."""
+        return self.path / ATTEMPTS_DIR
+
     def candidate(self, index: int) -> Path:
         return self.candidates / f"{index:03d}.py"
+
+    def candidate_files(self) -> list[Path]:
+        """candidates/NNN.py in name order (a tool's record NNN.json beside each); other files there are not
+        candidates."""
+        if not self.candidates.is_dir():
+            return []
+        return sorted(p for p in self.candidates.glob("*.py") if p.stem.isdigit())
 
     def relative(self, path: Path) -> str:
         # Both resolved: the tools hand back absolute paths whatever folder the run was given as.
@@ -103,8 +123,10 @@ class SampleDir:
 
 
 @dataclass(frozen=True)
-class RunDir:
-    """runs/<run_id>/."""
+class RunLayout:
+    """runs/<run_id>/: the paths of a run folder (docs/run-layout.md), the one place they are spelled. A search's and
+    a sweep's folders (agent.search.layout, agent.sweep.layout) name their own files and take the shared ones
+    (events.jsonl, rescored.json) from here."""
 
     path: Path
 
@@ -125,5 +147,31 @@ class RunDir:
         """A PKB replay's accounting: how each file of the solution set was paired with a problem, or why not."""
         return self.path / "replay_matches.json"
 
-    def sample(self, problem: str, condition: str, k: int) -> SampleDir:
-        return SampleDir(self.path / "samples" / problem / condition / str(k))
+    @property
+    def samples(self) -> Path:
+        return self.path / "samples"
+
+    @property
+    def rescored(self) -> Path:
+        """`pkb rescore RUN` of a search: its re-measurement (agent.search.rescore); a sample run's rescore writes
+        SampleLayout.rescored_json in each sample."""
+        return self.path / RESCORED_FILE
+
+    def sample(self, problem: str, condition: str, k: int) -> SampleLayout:
+        return SampleLayout(self.samples / problem / condition / str(k))
+
+    def sample_dirs(self) -> list[SampleLayout]:
+        """Every samples/<problem>/<condition>/<k>/ folder that holds a sample.json, in path order."""
+        if not self.samples.is_dir():
+            return []
+        return [SampleLayout(p.parent) for p in sorted(self.samples.glob(f"*/*/*/{SAMPLE_FILE}"))]
+
+
+def is_run_dir(path: Path) -> bool:
+    """A `pkb run` folder: it has its run.json."""
+    return RunLayout(path).run_json.is_file()
+
+
+# The names the runner and its callers have always used.
+RunDir = RunLayout
+SampleDir = SampleLayout

@@ -11,7 +11,7 @@ Samples run in `concurrency` threads; their evaluations share the devices throug
 with a Ray executor (agent.executors.ray_cluster), go to a cluster as tasks while the agent loops stay here. The
 executor is not part of the run's config: a run started on one executor resumes on the other.
 What is not the model's fault is reported apart: an infra_error of the final scoring (retried, see
-agent.graph.score_file), provider outages that outlast the retries (the sample stays unfinished for
+agent.final_scoring), provider outages that outlast the retries (the sample stays unfinished for
 `--resume`), and internal errors (logged with their traceback in events.jsonl).
 """
 
@@ -31,15 +31,14 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
-from pydantic import BaseModel, Field
 
 import prompts
-from agent import final_scoring, interrupts, manifest, prompting
-from agent.budgets import Budget, Spent
-from agent.conditions import BASH, REPLAY, Condition, parse_condition
-from agent.context import DEFAULT_SHARE, ContextPolicy
+from agent import final_scoring, interrupts, manifest
+from agent.budgets import Spent
+from agent.conditions import BASH, REPLAY, Condition
+from agent.context import ContextPolicy
 from agent.eventlog import open_event_log
-from agent.executors.interface import Executor
+from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
 from agent.graph import (
     NO_CODE,
@@ -49,17 +48,15 @@ from agent.graph import (
     build_graph,
     opening,
     recursion_limit,
-    score_file,
-    score_held_out,
-    scoring_seed,
     write_transcript,
 )
-from agent.model_table import ModelTable, load_model_table
 from agent.providers import make_chat_model, parse_model_spec
-from agent.reasoning import ReasoningConfig
 from agent.replay import ReplaySet
+from agent.run_config import DEFAULT_INFRA_WAITS_S as DEFAULT_INFRA_WAITS_S  # re-exported: the run's settings' home
+from agent.run_config import RunConfig as RunConfig
+from agent.run_config import RunError as RunError
+from agent.run_config import load_run_config as load_run_config
 from agent.rundir import (
-    ATTEMPTS_DIR,
     FINISHED,
     RUN_SCHEMA,
     RUNNING,
@@ -80,21 +77,12 @@ from agent.versions import versions
 from harness import cancel
 from harness.common import failures
 from harness.common.flags import is_emulated
-from harness.config import EvalConfig, TimingConfig
-from harness.emulation import layout
+from harness.config import EvalConfig
 from harness.measure import topology
 from harness.measure.discovery import TopologyError
 from harness.problems.problem import Problem
 from harness.records.environment import environment
 from tools.bash import prepare as prepare_shell
-
-# 30 s, 2 min, 5 min: a pool that did not start or a reference that overran often clears in minutes, not seconds
-# (agent.scoring's own retries come back to back, about 12 s in all).
-DEFAULT_INFRA_WAITS_S = (30.0, 120.0, 300.0)
-
-
-class RunError(ValueError):
-    """A run that cannot start or go on as asked (exists, missing, different config); one line."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -106,77 +94,6 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(f"run {summary.run_id} interrupted: {len(summary.records)} of {summary.total} finished")
         self.summary = summary
         self.still_running = still_running
-
-
-class RunConfig(BaseModel):
-    """What a run asks for; stored as run.json's "config" and authoritative on --resume."""
-
-    model: str
-    conditions: list[str]
-    samples: int | None = Field(1, description="per problem and condition; replay: at most this many files")
-    problems: list[str]
-    source: str | None = None  # None: this suite; "pkb:PATH": a PKB checkout
-    device: str = "cpu"
-    world_size: int = 2
-    ranks_per_gpu: int = 1  # > 1: ranks share GPUs, symmetric memory emulated; timings are not speedups
-    shape: str = "small"
-    budgets: dict[str, Any] = Field(default_factory=lambda: Budget().as_dict())
-    seed: int = 0
-    trials: int = 5
-    skip_timing: bool = False
-    base_url: str | None = None
-    api_key_env: str | None = None
-    prices: str | None = None  # the --prices file; None: the packaged agent/prices.json
-    model_attempts: int = 5
-    temperature: float | None = None  # sent only when set: some models reject sampling parameters
-    max_reply_tokens: int | None = None  # the provider's per-reply output limit, when set
-    answer_tokens: int = 600
-    guide_in_prompt: bool = True
-    reasoning_effort: str | None = None  # agent.reasoning: mapped per provider
-    thinking_budget: int | None = None
-    models: str | None = None  # the --models file; None: the packaged agent/models.json
-    context_window: int | None = None  # overrides the model table's window
-    context_share: float = DEFAULT_SHARE  # shorten old candidates past this share of the window
-    prompt_cache: bool = True
-    prompt: str = prompting.OURS  # agent.prompting: "pkb-agent", or "pkb:CHECKOUT" (PKB's own, from a checkout)
-    pkb_hardware: str | None = None  # --prompt pkb: PKB's hardware profile (None: h100_8, "none": none)
-    shell_timeout_s: float = 120.0  # bash: the time limit of one shell command (PKB's agent: 900 s)
-    # PKB's precision (harness.problems.parallelkernelbench.checkout.PRECISIONS): a checkout's inputs, tolerances and
-    # PKB's prompt. None: this suite without PKB's prompt, or a run made before the option (bf16 inputs, the
-    # checkout's default precision in PKB's prompt).
-    precision: str | None = None
-    # Seconds between judgements of a sample that ended in infra_error (the harness's failure): it is judged again
-    # after each, up to len(infra_waits_s) more times in one pass; `--resume` and `--retry-infra` judge it again.
-    infra_waits_s: list[float] = Field(default_factory=lambda: list(DEFAULT_INFRA_WAITS_S))
-
-    @property
-    def prompt_choice(self) -> prompting.PromptChoice:
-        return prompting.parse_prompt(self.prompt, self.source, self.pkb_hardware, self.precision)
-
-    @property
-    def budget(self) -> Budget:
-        return Budget.from_dict(self.budgets)
-
-    @property
-    def parsed_conditions(self) -> list[Condition]:
-        return [parse_condition(c) for c in self.conditions]
-
-    @property
-    def reasoning(self) -> ReasoningConfig:
-        return ReasoningConfig(effort=self.reasoning_effort, thinking_budget=self.thinking_budget)
-
-    def model_table(self) -> ModelTable:
-        return load_model_table(self.models)
-
-    def context_policy(self, table: ModelTable | None = None) -> ContextPolicy:
-        """The window from --context-window, else the model table; None where neither knows it."""
-        info = (table or self.model_table()).info(parse_model_spec(self.model).text)
-        window = self.context_window if self.context_window is not None else (info.context_window if info else None)
-        return ContextPolicy(window=window, share=self.context_share)
-
-    def eval_config(self) -> EvalConfig:
-        return EvalConfig(trials=self.trials, seed=self.seed, skip_timing=self.skip_timing,
-                          timing=TimingConfig.for_device(self.device), **layout.eval_config_fields(self.ranks_per_gpu))
 
 
 @dataclass(frozen=True)
@@ -285,19 +202,6 @@ def create_run(run_dir: RunDir, config: RunConfig, prices: PriceTable | None, *,
     header = run_header(run_dir.path.name, config, prices, problems=problems, executor=executor)
     write_json_atomic(run_dir.run_json, header)
     return header
-
-
-def load_run_config(run_dir: RunDir) -> RunConfig:
-    """The config of an existing run, for --resume."""
-    header = read_json(run_dir.run_json)
-    if header is None:
-        raise RunError(f"no run to resume at {run_dir.path} (run.json is missing)")
-    if not isinstance(header, dict) or header.get("schema") != RUN_SCHEMA or not isinstance(header.get("config"), dict):
-        raise RunError(f"{run_dir.run_json} is not a {RUN_SCHEMA} run header")
-    try:
-        return RunConfig.model_validate(header["config"])
-    except ValueError as err:
-        raise RunError(f"{run_dir.run_json}: its config cannot be read ({str(err).splitlines()[0]})") from None
 
 
 # -- records ----------------------------------------------------------------------------------------
@@ -683,7 +587,7 @@ class Runner:
                                                                                 self.config.device)}
 
     def _remote_args(self) -> dict[str, Any]:
-        """executor= for the graph and score_file when evaluations leave this node (nothing otherwise)."""
+        """executor= for the graph when evaluations leave this node (nothing otherwise)."""
         return {"executor": self.remote} if self.remote is not None else {}
 
     def _context(self, spec: SampleSpec, sdir: SampleDir, log: Any, model: BaseChatModel | None) -> SampleContext:
@@ -734,21 +638,17 @@ class Runner:
         state.update(self._score_final(spec, sdir, log))
         state["scoring"]["final"] = sdir.relative(path)
         log.info("scored", file=str(spec.file), verdict=state["result"]["verdict"],
-                 seed=scoring_seed(self.eval_config.seed))
+                 seed=final_scoring.scoring_seed(self.eval_config.seed))
         return state
 
     def _score_final(self, spec: SampleSpec, sdir: SampleDir, log: Any) -> dict[str, Any]:
-        """The sample's final.py through the full harness, visible shape and held-out shapes (agent.graph's
-        score_file: its own quick infra retries): the state's `result`, `held_out` and `scoring`."""
-        scored = score_file(spec.problem, sdir.final_py, config=self.eval_config, scheduler=self.scheduler,
-                            world_size=self.config.world_size, device=self.config.device, shape=self.config.shape,
-                            log_dir=sdir.logs, log=log, **self._remote_args())
-        held = score_held_out(spec.problem, sdir.final_py, scored.result, config=self.eval_config,
-                              scheduler=self.scheduler, world_size=self.config.world_size, device=self.config.device,
-                              shape=self.config.shape, log=log, **self._remote_args())
-        return {"result": scored.result.model_dump(mode="json"), "held_out": [h.summary for h in held],
-                "scoring": {"seconds": scored.seconds + sum(h.seconds for h in held),
-                            "gpu_s": scored.gpu_s + sum(h.gpu_s for h in held), "attempts": scored.attempts}}
+        """The sample's final.py scored by agent.final_scoring (visible shape and held-out shapes, its own quick
+        infra retries): the state's `result`, `held_out` and `scoring`."""
+        executor = self.remote if self.remote is not None else LocalExecutor(self.scheduler)
+        return final_scoring.score_submission(
+            spec.problem, sdir.final_py, evaluate=as_evaluate(executor), config=self.eval_config,
+            world_size=self.config.world_size, device=self.config.device, shape=self.config.shape, log_dir=sdir.logs,
+            log=log).state()
 
     # -- judging an infra_error again ---------------------------------------------------------------------
     def rejudge(self, spec: SampleSpec, after_wait_s: float | None = None) -> dict[str, Any]:
@@ -787,7 +687,7 @@ class Runner:
         """The n-th judgement's records into attempts/<n>/ (copies of sample.json and result.json, the rank logs
         moved): nothing of it is lost when the next judgement writes the sample's own files. Returns the folder,
         relative to the sample's."""
-        folder = sdir.path / ATTEMPTS_DIR / str(n)
+        folder = sdir.attempts / str(n)
         write_json_atomic(folder / sdir.sample_json.name, previous)
         if sdir.result_json.is_file():
             write_bytes_atomic(folder / sdir.result_json.name, sdir.result_json.read_bytes())

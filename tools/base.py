@@ -35,6 +35,7 @@ from typing import Any
 from harness import cancel
 from harness.common.hostile_files import replace_file
 from harness.config import EvalConfig
+from harness.emulation import layout
 from harness.problems.problem import Problem
 from harness.records.redaction import redact_text
 from tools import render
@@ -102,7 +103,10 @@ class ToolContext:
         return folder / f"{n:03d}.py"
 
     def gpu_seconds(self, wall_s: float) -> float:
-        return wall_s * self.world_size if self.device == "cuda" else 0.0
+        """GPU-seconds of `wall_s` with the ranks up (harness.emulation.layout.device_seconds); none on CPU."""
+        if self.device != "cuda":
+            return 0.0
+        return layout.device_seconds(wall_s, self.world_size, self.config.ranks_per_gpu)
 
 
 @dataclass

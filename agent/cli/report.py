@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.cli.common import CliError, check_out_path, console, plain, terminal_safe
-from agent.rundir import write_out_text
+from agent.rundir import is_run_dir, write_out_text
 
 if TYPE_CHECKING:
     from agent.report.run_reader import Run
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def runs_inside(folder: Path, limit: int = 5) -> list[str]:
     """Names of run directories directly inside `folder` (the user gave runs/ instead of runs/<id>)."""
     try:
-        found = sorted(p.name for p in folder.iterdir() if (p / "run.json").is_file())
+        found = sorted(p.name for p in folder.iterdir() if is_run_dir(p))
     except OSError:
         return []
     return found[:limit] + (["..."] if len(found) > limit else [])

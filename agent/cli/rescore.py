@@ -47,13 +47,14 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     if args.remeasure is not None or args.evaluator:
         raise CliError("--remeasure and --evaluator are for a search run; a sample run is scored once per candidate "
                        "on the final scoring's seed")
-    # Deferred: the runner and the harness import torch and the model stack.
+    # Deferred: the harness imports torch. Neither this nor the search's rescore loads the model stack (LangChain,
+    # LangGraph): scoring files needs none of it (agent.final_scoring).
     from agent.cli.source import resolve_source
     from agent.rescore import rescore_run
-    from agent.rundir import RunDir
-    from agent.runner import RunError, load_run_config
+    from agent.run_config import RunError, load_run_config
+    from agent.rundir import RunLayout
 
-    run = RunDir(Path(args.run))
+    run = RunLayout(Path(args.run))
     try:
         config = load_run_config(run)
     except RunError as err:
@@ -71,7 +72,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 
 
 def _rescore_search(args: argparse.Namespace) -> int:
-    # Deferred: the search, the harness and the executors import torch and the model stack.
+    # Deferred: the search's scoring, the harness and the executors import torch.
     from agent.cli.search import evaluator_from, scheduler_for
     from agent.cli.source import resolve_source
     from agent.executors.interface import as_evaluate

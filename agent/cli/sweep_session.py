@@ -30,6 +30,7 @@ from agent.cli.run_config import config_from_args
 from agent.cli.source import check_shape, resolve_source, select_in
 from agent.model_spec import ProviderError, parse_model_spec
 from agent.model_table import ModelTableError, load_model_table
+from agent.rundir import is_run_dir
 from agent.runner import RunConfig
 from agent.scripted import scripted_model
 from agent.search.mutator import is_mutator
@@ -251,11 +252,12 @@ def _search_done(folder: Path) -> str | None:
     from agent.search.loop import search_stop_reason
     from agent.search.summary import problem_rows
 
-    if not (folder / "archive.sqlite").is_file():
+    search = SearchDir(folder)
+    if not search.archive.is_file():
         return None
-    config = load_config(SearchDir(folder))
-    with Archive(folder / "archive.sqlite") as archive:
-        events = folder / "events.jsonl"
+    config = load_config(search)
+    with Archive(search.archive) as archive:
+        events = search.events
         finished = events.is_file() and '"search_finished"' in events.read_text(errors="replace")
         reason = search_stop_reason(archive)
         rows = problem_rows(archive, config.problems, config.remeasure, config.device)
@@ -307,7 +309,7 @@ def run_cells(sweep: Sweep, planned: Sequence[Planned], directory: SweepDir, res
 
 def _run_cell(p: Planned, directory: SweepDir, within: run_session.Within) -> tuple[str, str | None]:
     folder = directory.cell(p.cell.id)
-    argv = p.argv + (["--resume"] if (folder / "run.json").is_file() else [])
+    argv = p.argv + (["--resume"] if is_run_dir(folder) else [])
     args = _parse(RUN_PARSER, argv, p.cell)
     cli_run.check_args(args)
     try:

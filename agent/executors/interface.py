@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from agent.executors.request import EvalRequest, device_seconds
 from harness.config import EvalConfig
+from harness.emulation import layout
 from harness.problems.problem import Problem
 from harness.records.results import EvalResult
 
@@ -64,8 +65,8 @@ def as_evaluate(executor: Executor, spent: list[float] | None = None) -> Callabl
 
 
 def as_device_call(executor: Executor, spent: list[float] | None = None) -> Callable[..., Any]:
-    """executor.run_on_devices, appending wall seconds times W of each call to `spent` (queueing included:
-    a device call reports no stages)."""
+    """executor.run_on_devices, appending the GPU-seconds of each call's wall time to `spent`
+    (harness.emulation.layout.device_seconds; queueing included: a device call reports no stages)."""
 
     def call(world_size: int, device: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
@@ -73,6 +74,6 @@ def as_device_call(executor: Executor, spent: list[float] | None = None) -> Call
             return executor.run_on_devices(world_size, device, fn, *args, **kwargs)
         finally:
             if spent is not None:
-                spent.append((time.perf_counter() - started) * world_size)
+                spent.append(layout.device_seconds(time.perf_counter() - started, world_size))
 
     return call

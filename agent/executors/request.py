@@ -149,11 +149,6 @@ def infra_result(request: EvalRequest, message: str, *, evidence: str = "", phas
 OVERLAPPING_STAGES = frozenset({"launch", "build_in_call"})
 
 
-def gpus_held(result: EvalResult) -> int:
-    """The GPUs an evaluation held (ranks sharing a GPU count it once; on CPU: one per rank process)."""
-    return layout.gpus_needed(result.world_size, int(result.config.get("ranks_per_gpu") or 1))
-
-
 def held_seconds(result: EvalResult) -> float:
     """Seconds the evaluation held its devices: what its executor measured (environment.executor.held_s: the
     lease, the Ray task), else the sum of the harness's stages that do not run inside one another."""
@@ -167,4 +162,5 @@ def held_seconds(result: EvalResult) -> float:
 def device_seconds(result: EvalResult) -> float:
     """Seconds the evaluation held its devices, times the GPUs held (the figure a DeviceScheduler lease gives:
     compile included, queueing excluded; ranks sharing a GPU count it once), whichever executor ran it."""
-    return gpus_held(result) * held_seconds(result)
+    return layout.device_seconds(held_seconds(result), result.world_size,
+                                 int(result.config.get("ranks_per_gpu") or 1))

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.rundir import RUN_SCHEMA, SAMPLE_SCHEMA
+from agent.rundir import RUN_SCHEMA, SAMPLE_SCHEMA, RunLayout, SampleLayout
 
 
 class RunFormatError(ValueError):
@@ -170,7 +170,7 @@ def read_run_header(path: str | Path) -> dict[str, Any]:
         raise RunFormatError(f"{root}: no such directory")
     if not root.is_dir():
         raise RunFormatError(f"{root} is not a run directory (it is a file)")
-    run_json = root / "run.json"
+    run_json = RunLayout(root).run_json
     if not run_json.is_file():
         raise RunFormatError(f"{root} is not a run directory: run.json is missing")
     header = _read_json(run_json, "run.json")
@@ -183,52 +183,41 @@ def read_run_header(path: str | Path) -> dict[str, Any]:
 
 
 def read_sample(directory: Path, *, transcripts: bool = True) -> Sample:
-    raw = _read_json(directory / "sample.json", "sample.json")
+    files = SampleLayout(directory)
+    raw = _read_json(files.sample_json, files.sample_json.name)
     if not isinstance(raw, dict):
-        raise RunFormatError(f"{directory / 'sample.json'}: expected a JSON object")
+        raise RunFormatError(f"{files.sample_json}: expected a JSON object")
     if raw.get("schema", SAMPLE_SCHEMA) != SAMPLE_SCHEMA:
-        raise RunFormatError(f"{directory / 'sample.json'}: schema {raw.get('schema')!r}; this version reads "
+        raise RunFormatError(f"{files.sample_json}: schema {raw.get('schema')!r}; this version reads "
                              f"{SAMPLE_SCHEMA!r}")
     try:
         record = SampleRecord.model_validate(raw)
     except ValidationError as err:
-        raise RunFormatError(f"{directory / 'sample.json'}: {_one_line(err)}") from None
+        raise RunFormatError(f"{files.sample_json}: {_one_line(err)}") from None
     sample = Sample(record=record, directory=str(directory))
-    if (directory / "result.json").is_file():
-        result = _read_json(directory / "result.json", "result.json")
+    if files.result_json.is_file():
+        result = _read_json(files.result_json, files.result_json.name)
         sample.result = result if isinstance(result, dict) else None
-    if (directory / "final.py").is_file():
-        sample.final_code = (directory / "final.py").read_text(errors="replace")
+    if files.final_py.is_file():
+        sample.final_code = files.final_py.read_text(errors="replace")
     if not transcripts:
         return sample
-    if (directory / "transcript.json").is_file():
-        raw_t = _read_json(directory / "transcript.json", "transcript.json")
+    if files.transcript_json.is_file():
+        raw_t = _read_json(files.transcript_json, files.transcript_json.name)
         if not isinstance(raw_t, list):
-            raise RunFormatError(f"{directory / 'transcript.json'}: expected a list of messages")
+            raise RunFormatError(f"{files.transcript_json}: expected a list of messages")
         try:
             sample.transcript = [Message.model_validate(m) for m in raw_t]
         except ValidationError as err:
-            raise RunFormatError(f"{directory / 'transcript.json'}: {_one_line(err)}") from None
-    cand_dir = directory / "candidates"
-    if cand_dir.is_dir():
-        for code_path in sorted(cand_dir.glob("*.py")):
-            if not code_path.stem.isdigit():
-                continue
-            info_path = code_path.with_suffix(".json")
-            info = _read_json(info_path, info_path.name) if info_path.is_file() else {}
-            sample.candidates.append(Candidate(
-                index=int(code_path.stem), path=f"candidates/{code_path.name}",
-                code=code_path.read_text(errors="replace"), info=info if isinstance(info, dict) else {},
-            ))
+            raise RunFormatError(f"{files.transcript_json}: {_one_line(err)}") from None
+    for code_path in files.candidate_files():
+        info_path = code_path.with_suffix(".json")
+        info = _read_json(info_path, info_path.name) if info_path.is_file() else {}
+        sample.candidates.append(Candidate(
+            index=int(code_path.stem), path=f"{files.candidates.name}/{code_path.name}",
+            code=code_path.read_text(errors="replace"), info=info if isinstance(info, dict) else {},
+        ))
     return sample
-
-
-def sample_dirs(root: Path) -> list[Path]:
-    """samples/<problem>/<condition>/<k>/ folders that hold a sample.json."""
-    base = root / "samples"
-    if not base.is_dir():
-        return []
-    return sorted(p.parent for p in base.glob("*/*/*/sample.json"))
 
 
 def read_run(path: str | Path, *, transcripts: bool = True) -> Run:
@@ -248,6 +237,6 @@ def read_run(path: str | Path, *, transcripts: bool = True) -> Run:
         )
     except ValidationError as err:
         raise RunFormatError(f"{root / 'run.json'}: {_one_line(err)}") from None
-    run.samples = sorted((read_sample(d, transcripts=transcripts) for d in sample_dirs(root)),
+    run.samples = sorted((read_sample(d.path, transcripts=transcripts) for d in RunLayout(root).sample_dirs()),
                          key=lambda s: (s.record.problem, s.record.condition, s.record.sample))
     return run

@@ -22,18 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agent.rundir import SampleLayout
+
 if TYPE_CHECKING:
     from agent.report.build import Arm, Report
     from agent.report.run_reader import Sample
 
-RESCORED_FILE = "rescored.json"
 GRID_POINTS = 24
 AXES = (("turn", "turn"), ("tokens", "tokens (input + output)"), ("cost_usd", "dollars"))
 
 
 def rescored(sample: Sample) -> dict[str, dict[str, Any]]:
     """path -> the final scorer's summary of that candidate (rescored.json), {} where none was written."""
-    path = Path(sample.directory) / RESCORED_FILE
+    path = SampleLayout(Path(sample.directory)).rescored_json
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

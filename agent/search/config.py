@@ -14,6 +14,7 @@ in, which is what makes a search reproducible and resumable to the same archive 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -25,6 +26,11 @@ from harness.emulation import layout
 
 SEARCH_SCHEMA = "pkb-search/1"
 STRATEGIES = ("independent", "best_first", "islands")
+
+
+def derived_seed(seed: int, slot: int, what: str) -> int:
+    """A seed for one draw of one slot, independent of every other (and of Python's hash randomisation)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{slot}:{what}".encode()).digest()[:8], "big")
 
 
 class Limits(BaseModel):

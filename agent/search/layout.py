@@ -24,7 +24,7 @@ from typing import Any
 
 import prompts
 from agent import manifest
-from agent.rundir import read_json, write_json_atomic, write_text_atomic
+from agent.rundir import RunLayout, read_json, write_json_atomic, write_text_atomic
 from agent.search.config import SEARCH_SCHEMA, SearchConfig
 from agent.versions import versions
 from harness.problems.problem import Problem
@@ -37,7 +37,14 @@ class SearchError(ValueError):
 
 @dataclass(frozen=True)
 class SearchDir:
+    """A search's folder: its own files, and those every run folder has (events.jsonl, rescored.json), named by
+    agent.rundir.RunLayout."""
+
     path: Path
+
+    @property
+    def run(self) -> RunLayout:
+        return RunLayout(self.path)
 
     @property
     def header(self) -> Path:
@@ -49,7 +56,7 @@ class SearchDir:
 
     @property
     def events(self) -> Path:
-        return self.path / "events.jsonl"
+        return self.run.events
 
     @property
     def live_html(self) -> Path:
@@ -68,7 +75,7 @@ class SearchDir:
     @property
     def rescored(self) -> Path:
         """`pkb rescore RUN`'s re-measurement of each problem's reported kernel (agent.search.rescore)."""
-        return self.path / "rescored.json"
+        return self.run.rescored
 
     def logs(self, slot: int) -> Path:
         return self.path / "logs" / f"{slot:05d}"

@@ -34,6 +34,7 @@ from agent.retry import invoke_model
 from agent.search import episode
 from agent.search.archive import MODEL_ERROR, NO_CODE, Candidate
 from agent.search.config import SearchConfig
+from agent.search.config import derived_seed as derived_seed  # re-exported: its old home
 from agent.search.mutator import MutatorChatModel, is_mutator, rates_of
 from agent.search.tunables import AST_LOCK
 from agent.usage import PriceTable, usage_of
@@ -67,11 +68,6 @@ class Proposal:
     @property
     def sha256(self) -> str | None:
         return hashlib.sha256(self.source.encode()).hexdigest() if self.source is not None else None
-
-
-def derived_seed(seed: int, slot: int, what: str) -> int:
-    """A seed for one draw of one slot, independent of every other (and of Python's hash randomisation)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{slot}:{what}".encode()).digest()[:8], "big")
 
 
 def reply_text(message: BaseMessage) -> str:

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agent.remeasure import EvaluateFn, Remeasurement, Round, agree
+from agent.final_scoring import EvaluateFn
+from agent.remeasure import Remeasurement, Round, agree
 from agent.rundir import read_json, write_json_atomic
 from agent.search.archive import Archive
 from agent.search.layout import SearchDir, load_config

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from agent import remeasure, scoring
+from agent.final_scoring import EvaluateFn as EvaluateFn  # harness.evaluate.evaluate's signature
 from agent.remeasure import Remeasurement, Round
 from agent.scoring import Scored
 from agent.search.archive import Rescore
-from agent.search.config import SearchConfig
-from agent.search.proposer import derived_seed
+from agent.search.config import SearchConfig, derived_seed
 from harness.common.flags import SPEEDUP_DISQUALIFIERS
 from harness.config import EvalConfig
 from harness.measure.roofline import cached_trace, resolve_ceilings, roofline
@@ -37,7 +37,6 @@ from harness.records.results import EvalResult
 
 MAX_EVIDENCE_CHARS = 4000
 
-EvaluateFn = Callable[..., EvalResult]  # harness.evaluate.evaluate's signature
 
 
 def trusted(result: EvalResult) -> bool:

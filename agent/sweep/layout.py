@@ -7,7 +7,8 @@
                         folder, and leaves the report)
       sweep.toml        the sweep file as last run
       state.json        cells done: {"done": {cell id: {"finished_at", "samples", "correct" | "outcome"}}}
-      cells/<id>/       each cell: a `pkb run` run (docs/run-layout.md) or a `pkb search` (docs/search.md)
+      cells/<id>/       each cell: a `pkb run` run (docs/run-layout.md, agent.rundir.RunLayout) or a `pkb search`
+                        (docs/search.md, agent.search.layout.SearchDir)
 
 Every file is written atomically (agent.rundir). A cell is entered in state.json once it has ended complete
 (every sample finished; a search stopped by its budgets or stop rules); a sweep run again skips those and

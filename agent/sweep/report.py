@@ -18,6 +18,7 @@ from typing import Any
 
 from agent import manifest
 from agent.report.run_reader import Run, RunFormatError, read_run
+from agent.rundir import is_run_dir
 from agent.sweep.layout import SweepDir, SweepLayoutError, is_sweep_dir
 
 
@@ -98,7 +99,7 @@ def cell_runs(path: Path) -> dict[str, list[Run]]:
         if not isinstance(cell, dict) or cell.get("kind") != "run":
             continue
         folder = directory.cell(str(cell.get("id")))
-        if not (folder / "run.json").is_file():
+        if not is_run_dir(folder):
             continue
         try:
             out.setdefault(str(cell.get("model")), []).append(read_run(folder))

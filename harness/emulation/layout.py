@@ -25,6 +25,14 @@ def gpus_needed(world_size: int, ranks_per_gpu: int) -> int:
     return -(-world_size // ranks_per_gpu)
 
 
+def device_seconds(seconds: float, world_size: int, ranks_per_gpu: int = 1) -> float:
+    """GPU-seconds, the project's one definition: the seconds W ranks held their devices, times the GPUs they held
+    (ranks sharing a GPU count it once; on CPU, one slot per rank process). The executors' figure of an evaluation
+    (agent.executors.request.device_seconds), a device call's (agent.executors.interface.as_device_call) and a
+    tool's own (tools.base.ToolContext.gpu_seconds) are each this of the seconds they measured."""
+    return gpus_needed(world_size, ranks_per_gpu) * seconds
+
+
 def rank_gpus(world_size: int, ranks_per_gpu: int, gpus: list[int]) -> list[int]:
     """The physical GPU of every rank, from the GPUs a lease holds (at least gpus_needed of them)."""
     need = gpus_needed(world_size, ranks_per_gpu)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import agent.run_config
 import agent.runner
 import agent.scoring
 import harness.evaluate
@@ -190,7 +191,7 @@ def test_pkb_run_says_incomplete_then_retry_infra_judges_only_those_samples(tmp_
     """A replay whose all_gather file always meets an infra_error: `pkb run` exits 1 saying INCOMPLETE, naming the
     sample and its cause, and printing the command; `--retry-infra` with the failure gone judges that sample only
     (the other keeps its record untouched), and its earlier judgements stay in attempts/."""
-    monkeypatch.setattr(agent.runner, "DEFAULT_INFRA_WAITS_S", (0.0,))  # one wait, of nothing
+    monkeypatch.setattr(agent.run_config, "DEFAULT_INFRA_WAITS_S", (0.0,))  # one wait, of nothing
     flaky = Flaky({"all_gather"}, lambda n: True)
     monkeypatch.setattr("agent.executors.local.harness_evaluate", flaky)
     solutions = tmp_path / "solutions"

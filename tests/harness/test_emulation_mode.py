@@ -34,7 +34,7 @@ def test_scheduler_leases_shared_gpus_and_counts_each_gpu_once():
     assert scheduler.groups == [[0, 0, 1, 1], [2, 2, 3, 3]] and scheduler.capacity == 2
     with scheduler.lease() as lease:
         assert lease.gpus == [0, 0, 1, 1] and lease.ranks == 4
-    # Two GPUs held, not four: what the device-seconds accounting charges (agent.executors.request.gpus_held).
+    # Two GPUs held, not four: what the device-seconds accounting charges (harness.emulation.layout.device_seconds).
     assert len(set(lease.gpus)) == layout.gpus_needed(4, 2) == 2
     assert DeviceScheduler("cuda", 4, gpus=[5], ranks_per_gpu=4).groups == [[5, 5, 5, 5]]
     with pytest.raises(SchedulerError, match="at 2 ranks per GPU needs 2 GPUs; 1 visible"):
