@@ -13,8 +13,9 @@ whether it matches) is taken by the caller.
 
 Frames: a fixed header (magic, kind, key, meta length, payload length), a small JSON meta (what the
 sender was doing: operation, dtype, element count), the payload. A frame is filed under
-(peer, kind, key): kind COLLECTIVE with the group's collective sequence number as key, kind P2P with
-the count of point-to-point messages between the two ranks in that direction.
+(peer, kind, key): kind COLLECTIVE (and COLLECTIVE_SECOND, for a second round) with the group's collective
+sequence number as key, kind P2P with the count of point-to-point messages between the two ranks in that
+direction.
 """
 
 from __future__ import annotations
@@ -26,17 +27,24 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 COLLECTIVE = 0
 P2P = 1
+COLLECTIVE_SECOND = 2  # a collective's second round (an all_reduce's all-gather), under the same key
 _MAGIC = b"PKBL"
 _FRAME = struct.Struct("!4sBQIQ")  # magic, kind, key, meta bytes, payload bytes
 _HELLO = struct.Struct("!16sI")  # the group's token, the connecting rank
 _META_LIMIT = 1 << 16
 _ACCEPT_POLL_S = 0.5
+_STAGING = 1 << 18  # a receive's first read: whole frames up to this size take one recv
+
+
+def _bytes(n: int) -> memoryview:
+    return memoryview(bytearray(n))
 
 
 class PeerGone(RuntimeError):
@@ -46,34 +54,88 @@ class PeerGone(RuntimeError):
 @dataclass
 class Frame:
     meta: dict[str, Any]
-    payload: bytearray
+    payload: memoryview
 
 
 class _Reader:
-    """The receive state of one peer's connection: header, then meta, then payload."""
+    """The receive side of one peer's connection. Reads what is there into a staging buffer, so one recv
+    brings a small frame whole (header, meta and payload); a large payload's rest is read straight into
+    its own buffer."""
 
-    def __init__(self, peer: int) -> None:
+    def __init__(self, peer: int, alloc: Callable[[int], memoryview]) -> None:
         self.peer = peer
-        self.head = bytearray()
-        self.meta = bytearray()
-        self.payload = bytearray()
-        self.filled = 0
-        self.kind = 0
-        self.key = 0
-        self.meta_len = 0
-        self.payload_len = -1  # -1: reading the header
+        self._alloc = alloc
+        self._buf = bytearray(_STAGING)
+        self._have = 0  # bytes of the staging buffer not yet parsed
+        self._open: tuple[int, int, dict[str, Any], memoryview] | None = None  # a frame whose payload is arriving
+        self._filled = 0
 
-    def reset(self) -> None:
-        self.head, self.meta, self.payload = bytearray(), bytearray(), bytearray()
-        self.filled, self.payload_len = 0, -1
+    def read(self, sock: socket.socket) -> list[tuple[int, int, Frame]] | None:
+        """The frames completed by what the socket has now; None when the peer closed its end."""
+        if self._open is not None:
+            kind, key, meta, payload = self._open
+            got = sock.recv_into(payload[self._filled:])
+            if got == 0:
+                return None
+            self._filled += got
+            if self._filled < payload.nbytes:
+                return []
+            self._open = None
+            return [(kind, key, Frame(meta, payload))]
+        got = sock.recv_into(memoryview(self._buf)[self._have:])
+        if got == 0:
+            return None
+        self._have += got
+        return self._parse()
+
+    def _parse(self) -> list[tuple[int, int, Frame]]:
+        done: list[tuple[int, int, Frame]] = []
+        at = 0
+        view = memoryview(self._buf)
+        while self._have - at >= _FRAME.size:
+            magic, kind, key, meta_len, payload_len = _FRAME.unpack_from(self._buf, at)
+            if magic != _MAGIC or meta_len > _META_LIMIT:
+                raise ValueError(f"rank {self.peer} sent a malformed frame")
+            body = at + _FRAME.size + meta_len
+            if self._have < body:
+                break
+            meta = json.loads(bytes(view[at + _FRAME.size:body]).decode()) if meta_len else {}
+            meta = meta if isinstance(meta, dict) else {}
+            payload = self._alloc(payload_len)
+            here = min(payload_len, self._have - body)
+            payload[:here] = view[body:body + here]
+            at = body + here
+            if here < payload_len:
+                self._open, self._filled = (kind, key, meta, payload), here
+                break
+            done.append((kind, key, Frame(meta, payload)))
+        view.release()
+        if at:
+            self._buf[:self._have - at] = self._buf[at:self._have]
+            self._have -= at
+        return done
+
+
+def _send_all(sock: socket.socket, parts: list[memoryview]) -> None:
+    """sendmsg until every byte of `parts` is in the kernel (a large payload goes in several calls)."""
+    parts = [p for p in parts if p.nbytes]
+    while parts:
+        sent = sock.sendmsg(parts)
+        while parts and sent >= parts[0].nbytes:
+            sent -= parts[0].nbytes
+            parts.pop(0)
+        if parts and sent:
+            parts[0] = parts[0][sent:]
 
 
 class Links:
     """A full mesh of loopback connections among the `size` ranks of one group, built through `store`
     (the group's prefix store: each rank publishes its listening port under `prefix`)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, prefix: str = "pkb-links") -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, prefix: str = "pkb-links",
+                 alloc: Callable[[int], memoryview] = _bytes) -> None:
         self.rank, self.size = rank, size
+        self._alloc = alloc  # a writable buffer of n bytes for a payload (the group's: uninitialised memory)
         self.timeout_s = max(1.0, timeout.total_seconds())
         self.bytes_sent = 0
         self._socks: dict[int, socket.socket] = {}
@@ -140,7 +202,10 @@ class Links:
     # -- sending --------------------------------------------------------------------------------------
     def send(self, peer: int, kind: int, key: int, meta: dict[str, Any], payload: memoryview | bytes = b"") -> None:
         """One frame to `peer`. Returns once the kernel holds every byte; the peer's thread drains them
-        whatever the peer is doing, so this never waits on the peer's program."""
+        whatever the peer is doing, so this never waits on the peer's program.
+
+        Header, meta and payload leave in one sendmsg, straight from the caller's memory: a small frame is
+        one segment (one wake-up of the peer's thread), a large one is never copied in Python."""
         if peer in self._gone:
             raise PeerGone(f"rank {peer} of this group is gone: {self._gone[peer]}")
         encoded = json.dumps(meta, separators=(",", ":")).encode()
@@ -148,10 +213,7 @@ class Links:
         head = _FRAME.pack(_MAGIC, kind, key, len(encoded), body.nbytes)
         try:
             with self._send_locks[peer]:
-                sock = self._socks[peer]
-                sock.sendall(head + encoded)
-                if body.nbytes:
-                    sock.sendall(body)
+                _send_all(self._socks[peer], [memoryview(head + encoded), body])
         except OSError as err:
             raise PeerGone(f"rank {peer} of this group closed its connection: {err}") from err
         self.bytes_sent += len(head) + len(encoded) + body.nbytes
@@ -180,65 +242,29 @@ class Links:
         selector = selectors.DefaultSelector()
         readers = {}
         for peer, sock in self._socks.items():
-            readers[peer] = _Reader(peer)
+            readers[peer] = _Reader(peer, self._alloc)
             selector.register(sock, selectors.EVENT_READ, peer)
         while readers and not self._closed:
             for key, _ in selector.select(timeout=1.0):
                 peer = int(key.data)
                 try:
-                    alive = self._read_some(key.fileobj, readers[peer])  # type: ignore[arg-type]
+                    frames = readers[peer].read(key.fileobj)  # type: ignore[arg-type]
                 except (OSError, ValueError) as err:
-                    alive, why = False, f"{type(err).__name__}: {err}"
+                    frames, why = None, f"{type(err).__name__}: {err}"
                 else:
                     why = "it closed its connection (its process ended or left the group)"
-                if not alive:
+                if frames:
+                    with self._cond:
+                        for kind, seq, frame in frames:
+                            self._box[(peer, kind, seq)] = frame
+                        self._cond.notify_all()
+                if frames is None:
                     selector.unregister(key.fileobj)
                     del readers[peer]
                     with self._cond:
                         self._gone[peer] = why
                         self._cond.notify_all()
         selector.close()
-
-    def _read_some(self, sock: socket.socket, r: _Reader) -> bool:
-        """Read what is there (select said something is) into the peer's frame; file it when whole.
-        False when the peer closed its end."""
-        if r.payload_len < 0:
-            if len(r.head) < _FRAME.size:
-                chunk = sock.recv(_FRAME.size - len(r.head))
-                if not chunk:
-                    return False
-                r.head += chunk
-                if len(r.head) < _FRAME.size:
-                    return True
-                magic, r.kind, r.key, r.meta_len, payload_len = _FRAME.unpack(bytes(r.head))
-                if magic != _MAGIC or r.meta_len > _META_LIMIT:
-                    raise ValueError(f"rank {r.peer} sent a malformed frame")
-                r.payload = bytearray(payload_len)
-                r.filled = 0
-                if r.meta_len:
-                    return True
-            if len(r.meta) < r.meta_len:
-                chunk = sock.recv(r.meta_len - len(r.meta))
-                if not chunk:
-                    return False
-                r.meta += chunk
-                if len(r.meta) < r.meta_len:
-                    return True
-            r.payload_len = len(r.payload)
-        if r.filled < r.payload_len:
-            view = memoryview(r.payload)[r.filled:]
-            got = sock.recv_into(view, len(view))
-            if got == 0:
-                return False
-            r.filled += got
-            if r.filled < r.payload_len:
-                return True
-        meta = json.loads(bytes(r.meta).decode()) if r.meta_len else {}
-        with self._cond:
-            self._box[(r.peer, r.kind, r.key)] = Frame(meta if isinstance(meta, dict) else {}, r.payload)
-            self._cond.notify_all()
-        r.reset()
-        return True
 
     def close(self) -> None:
         self._closed = True
