@@ -78,7 +78,8 @@ def _rank(rank: int, args: argparse.Namespace, init: str, queue: Any) -> None:
     for op in OPS:
         for nbytes in SIZES:
             x, out = _buffers(op, nbytes, args.world_size, device)
-            backends = [b for b in BACKENDS if not (b == "gloo" and op == "all_to_all_single" and device.type == "cuda")]
+            gloo_lacks = op == "all_to_all_single" and device.type == "cuda"
+            backends = [b for b in BACKENDS if not (b == "gloo" and gloo_lacks)]
             for i in range(args.warmup + args.calls):
                 for backend in backends:
                     dist.barrier(group=fence)

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from harness.emulation.collectives import rules
-from harness.emulation.collectives.links import COLLECTIVE, Frame, Links
+from harness.emulation.collectives.frames import Frame
+from harness.emulation.collectives.links import COLLECTIVE, Links
 
 
 def _alloc(n: int) -> memoryview:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from harness.emulation.collectives import rules
 from harness.emulation.collectives.exchange import Exchange, Staged
-from harness.emulation.collectives.links import COLLECTIVE, COLLECTIVE_SECOND
+from harness.emulation.collectives.links import COLLECTIVE_SECOND
 from harness.emulation.collectives.work import completed
 
 # From this many bytes an all_reduce is a reduce-scatter and an all-gather; below, one round trip of the
