@@ -665,8 +665,53 @@ def failure_main(argv: list[str]) -> None:
         json.dump(seen, f)
 
 
+def _cuda_calls(world: int, rank: int, device: torch.device) -> dict[str, list[torch.Tensor]]:
+    """The operations a one-GPU emulation's references call, on tensors on `device` (results moved to CPU)."""
+    big, small = LARGE * world, 6 * world
+    got: dict[str, list[torch.Tensor]] = {}
+    for label, n in (("small", small), ("large", big)):
+        t = draw(f"cuda/{label}", rank, (n,), torch.bfloat16).to(device)
+        dist.all_reduce(t)
+        got[f"all_reduce_{label}"] = [t]
+        out = torch.empty(n // world, dtype=torch.bfloat16, device=device)
+        dist.reduce_scatter_tensor(out, draw(f"cuda/rs{label}", rank, (n,), torch.bfloat16).to(device))
+        got[f"reduce_scatter_tensor_{label}"] = [out]
+        gathered = torch.empty(n * world, device=device)
+        dist.all_gather_into_tensor(gathered, draw(f"cuda/ag{label}", rank, (n,)).to(device))
+        got[f"all_gather_into_tensor_{label}"] = [gathered]
+        swapped = torch.empty(n, device=device)
+        dist.all_to_all_single(swapped, draw(f"cuda/a2a{label}", rank, (n,)).to(device))
+        got[f"all_to_all_single_{label}"] = [swapped]
+        b = draw(f"cuda/bc{label}", rank, (n,)).to(device)
+        dist.broadcast(b, src=world - 1)
+        got[f"broadcast_{label}"] = [b]
+        r = draw(f"cuda/red{label}", rank, (n,)).to(device)
+        dist.reduce(r, dst=0)
+        got[f"reduce_{label}"] = [r] if rank == 0 else []
+    return {name: [t.cpu() for t in ts] for name, ts in got.items()}
+
+
+def cuda_main(argv: list[str]) -> None:
+    """Every rank on GPU 0 (the one-GPU emulation's layout): each operation on CUDA tensors must give the
+    same bits as on CPU tensors in the same group. Rank 0 writes the names that differ to OUT_JSON."""
+    rank, world, init, out = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    warnings.simplefilter("ignore")
+    torch.cuda.set_device(0)
+    dist.init_process_group(collectives.register(), init_method=f"file://{init}", rank=rank, world_size=world)
+    on_gpu = _cuda_calls(world, rank, torch.device("cuda", 0))
+    on_cpu = _cuda_calls(world, rank, torch.device("cpu"))
+    differ = [name for name in on_cpu if len(on_cpu[name]) != len(on_gpu[name])
+              or not all(torch.equal(a, b) for a, b in zip(on_cpu[name], on_gpu[name]))]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"compared": sorted(on_cpu), "differ": differ}, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--failure":
+    if sys.argv[1] == "--cuda":
+        cuda_main(sys.argv[2:])
+    elif sys.argv[1] == "--failure":
         failure_main(sys.argv[2:])
     else:
         main(sys.argv[1:])

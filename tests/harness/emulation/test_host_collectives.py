@@ -123,3 +123,17 @@ def test_a_peer_that_never_calls_times_out_with_the_groups_timeout(tmp_path):
     seen = _failure(tmp_path, "peer_silent")
     assert seen["error"].startswith("RuntimeError") and "within 3 s" in seen["error"], seen
     assert seen["sockets_left"] <= 0, seen
+
+
+@pytest.mark.gpu(count=1)
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_tensors_on_one_shared_gpu_give_the_bits_cpu_tensors_give(tmp_path, world):
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.host_collectives_support", "--cuda", str(r), str(world),
+                               str(tmp_path / "init"), str(tmp_path / "seen.json")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    outputs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r][-3000:]}"
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert len(seen["compared"]) == 12 and seen["differ"] == [], seen
