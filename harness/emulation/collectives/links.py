@@ -112,10 +112,6 @@ class Links:
             finally:
                 self._read_locks[peer].release()
 
-    def ready(self, peer: int, kind: int, key: int) -> bool:
-        with self._cond:
-            return (peer, kind, key) in self._box
-
     def _pump(self, peer: int) -> None:
         """Read what the peer's connection has now and file the frames it completes (the peer's read
         lock held)."""
