@@ -21,7 +21,8 @@ from harness.emulation.collectives.links import COLLECTIVE_SECOND
 from harness.emulation.collectives.work import completed
 
 # From this many bytes an all_reduce is a reduce-scatter and an all-gather; below, one round trip of the
-# whole tensor costs less than two (measured with benchmarks/host_collectives.py).
+# whole tensor costs less than two. Chosen, not tuned: on the loaded 2-core machine medians at 64 KiB
+# swung more between runs than any threshold would move them (docs/performance.md).
 SPLIT_BYTES = 64 << 10
 
 
