@@ -14,7 +14,7 @@ import structlog
 from harness.records.redaction import redact_text
 
 
-def _redacted(logger: Any, method: str, line: Any) -> Any:
+def _redacted(logger: Any, _method: str, line: Any) -> Any:
     return redact_text(line) if isinstance(line, str) else line
 
 

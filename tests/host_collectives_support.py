@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import time
 import traceback
 import warnings
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -435,6 +438,94 @@ def _objects(c: Ctx) -> Outcome:
 
 
 # Calls NCCL refuses: every rank must get the error, and the group must stay usable afterwards.
+# Large enough for the reduce-scatter + all-gather form (reductions.SPLIT_BYTES), and not a multiple of W.
+LARGE = 40_001
+
+
+def _large_all_reduce_case(name: str, dtype: torch.dtype) -> Callable[[Ctx], Outcome]:
+    tag = f"all_reduce_large/{name}/{dtype}"
+
+    def run(c: Ctx) -> Outcome:
+        from harness.emulation.collectives import reductions, rules
+
+        assert LARGE * dtype.itemsize >= reductions.SPLIT_BYTES
+        t = draw(tag, c.rank, (LARGE,), dtype)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, name))
+        parts = [draw(tag, r, (LARGE,), dtype) for r in range(c.world)]
+        folded = rules.combine(parts, name)  # the direct form's rank-order fold: the same bits on every rank
+        if not torch.equal(t, folded):
+            raise AssertionError(f"the split all_reduce differs from the rank-order fold in "
+                                 f"{int((t != folded).sum())} elements")
+        return Outcome([t], [_fold(parts, name).to(dtype)])
+
+    return run
+
+
+for _name, _dtype in (("SUM", torch.bfloat16), ("SUM", torch.float32), ("MIN", torch.float32),
+                      ("PRODUCT", torch.int64)):
+    CASES[f"all_reduce_large_{_name.lower()}_{str(_dtype)[6:]}"] = _large_all_reduce_case(_name, _dtype)
+
+
+@case("all_reduce_large_avg_float32")
+def _large_avg(c: Ctx) -> Outcome:
+    t = draw("lavg", c.rank, (LARGE,))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    return Outcome([t], [_total(draw("lavg", r, (LARGE,)).double() for r in range(c.world)).float() / c.world])
+
+
+@case("all_reduce_large_matches_gloo")
+def _large_gloo(c: Ctx) -> Outcome:
+    def go(group: Any) -> list[torch.Tensor]:
+        t = draw("lgloo", c.rank, (LARGE,))
+        dist.all_reduce(t, group=group)
+        return [t]
+
+    return Outcome(go(c.ours), [_fold([draw("lgloo", r, (LARGE,)) for r in range(c.world)], "SUM").float()],
+                   with_gloo(go, c.gloo))
+
+
+@case("reduce_scatter_tensor_in_place")
+def _rs_in_place(c: Ctx) -> Outcome:
+    # The output is this rank's own chunk of the input (a common in-place form), and, in a second call,
+    # the first chunk on every rank: another rank's chunk, read for sending while it is written.
+    n = 5
+    t = draw("rsip", c.rank, (n * c.world,))
+    dist.reduce_scatter_tensor(t[c.rank * n:(c.rank + 1) * n], t)
+    u = draw("rsip", c.rank, (n * c.world,))
+    dist.reduce_scatter_tensor(u[:n], u)
+    total = _total(draw("rsip", r, (n * c.world,)).double() for r in range(c.world)).float()
+    mine = total[c.rank * n:(c.rank + 1) * n]
+    return Outcome([t[c.rank * n:(c.rank + 1) * n], u[:n]], [mine, mine])
+
+
+@case("all_gather_into_tensor_in_place")
+def _agt_in_place(c: Ctx) -> Outcome:
+    n = 6
+    out = torch.zeros(n * c.world)
+    out[c.rank * n:(c.rank + 1) * n] = draw("agip", c.rank, (n,))
+    dist.all_gather_into_tensor(out, out[c.rank * n:(c.rank + 1) * n])
+    return Outcome([out], [torch.cat([draw("agip", r, (n,)) for r in range(c.world)])])
+
+
+@case("all_to_all_single_in_place")
+def _a2a_in_place(c: Ctx) -> Outcome:
+    t = draw("a2aip", c.rank, (3 * c.world,))
+    dist.all_to_all_single(t, t)
+    expected = torch.cat([draw("a2aip", r, (3 * c.world,))[3 * c.rank:3 * (c.rank + 1)] for r in range(c.world)])
+    return Outcome([t], [expected])
+
+
+@case("all_to_all_single_large")
+def _a2a_large(c: Ctx) -> Outcome:
+    n = 100_003 * c.world  # a payload larger than a read's staging buffer, read in pieces
+    t = draw("a2al", c.rank, (n,))
+    out = torch.empty(n)
+    dist.all_to_all_single(out, t)
+    share = n // c.world
+    expected = torch.cat([draw("a2al", r, (n,))[share * c.rank:share * (c.rank + 1)] for r in range(c.world)])
+    return Outcome([out], [expected])
+
+
 REFUSALS: dict[str, tuple[type[BaseException], str, Callable[[Ctx], None]]] = {
     "wrong_output_size": (ValueError, "world_size times input", lambda c: dist.all_gather_into_tensor(
         torch.empty(3 * c.world + 1), torch.empty(3))),
@@ -448,6 +539,8 @@ REFUSALS: dict[str, tuple[type[BaseException], str, Callable[[Ctx], None]]] = {
         dist.all_reduce(torch.ones(2)) if c.rank == 0 else dist.all_gather_into_tensor(torch.empty(c.world * 2),
                                                                                        torch.ones(2)))),
     "different_sizes": (ValueError, "elements where rank", lambda c: dist.all_reduce(torch.ones(2 + c.rank))),
+    "different_sizes_large": (ValueError, "elements where rank", lambda c: dist.all_reduce(
+        torch.ones(LARGE + c.rank))),
 }
 
 
@@ -533,5 +626,92 @@ def main(argv: list[str]) -> None:
     dist.destroy_process_group()
 
 
+def _sockets() -> int:
+    """Sockets this process has open (the listing's own descriptor is gone by the time it is read)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            continue
+    return count
+
+
+def failure_main(argv: list[str]) -> None:
+    """A peer that dies (`peer_dies`: rank 1 exits mid-run) or never calls (`peer_silent`: rank 1 sleeps past
+    the group's 3 s timeout): rank 0's next all_reduce must raise a clear error, and once the group is
+    destroyed no socket of it may be left open. Rank 0 writes what it saw to OUT_JSON."""
+    scenario, rank, world, init, out = argv[0], int(argv[1]), int(argv[2]), argv[3], argv[4]
+    warnings.simplefilter("ignore")
+    before = _sockets()
+    dist.init_process_group(collectives.register(), init_method=f"file://{init}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=3))
+    dist.barrier()
+    if rank == 1:
+        if scenario == "peer_dies":
+            os._exit(3)
+        time.sleep(12)
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(LARGE))
+        error = "no error"
+    except Exception as err:
+        error = f"{type(err).__name__}: {err}"
+    seen = {"error": error, "seconds": time.monotonic() - started}
+    dist.destroy_process_group()
+    seen["sockets_left"] = _sockets() - before
+    with open(out, "w") as f:
+        json.dump(seen, f)
+
+
+def _cuda_calls(world: int, rank: int, device: torch.device) -> dict[str, list[torch.Tensor]]:
+    """The operations a one-GPU emulation's references call, on tensors on `device` (results moved to CPU)."""
+    big, small = LARGE * world, 6 * world
+    got: dict[str, list[torch.Tensor]] = {}
+    for label, n in (("small", small), ("large", big)):
+        t = draw(f"cuda/{label}", rank, (n,), torch.bfloat16).to(device)
+        dist.all_reduce(t)
+        got[f"all_reduce_{label}"] = [t]
+        out = torch.empty(n // world, dtype=torch.bfloat16, device=device)
+        dist.reduce_scatter_tensor(out, draw(f"cuda/rs{label}", rank, (n,), torch.bfloat16).to(device))
+        got[f"reduce_scatter_tensor_{label}"] = [out]
+        gathered = torch.empty(n * world, device=device)
+        dist.all_gather_into_tensor(gathered, draw(f"cuda/ag{label}", rank, (n,)).to(device))
+        got[f"all_gather_into_tensor_{label}"] = [gathered]
+        swapped = torch.empty(n, device=device)
+        dist.all_to_all_single(swapped, draw(f"cuda/a2a{label}", rank, (n,)).to(device))
+        got[f"all_to_all_single_{label}"] = [swapped]
+        b = draw(f"cuda/bc{label}", rank, (n,)).to(device)
+        dist.broadcast(b, src=world - 1)
+        got[f"broadcast_{label}"] = [b]
+        r = draw(f"cuda/red{label}", rank, (n,)).to(device)
+        dist.reduce(r, dst=0)
+        got[f"reduce_{label}"] = [r] if rank == 0 else []
+    return {name: [t.cpu() for t in ts] for name, ts in got.items()}
+
+
+def cuda_main(argv: list[str]) -> None:
+    """Every rank on GPU 0 (the one-GPU emulation's layout): each operation on CUDA tensors must give the
+    same bits as on CPU tensors in the same group. Rank 0 writes the names that differ to OUT_JSON."""
+    rank, world, init, out = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    warnings.simplefilter("ignore")
+    torch.cuda.set_device(0)
+    dist.init_process_group(collectives.register(), init_method=f"file://{init}", rank=rank, world_size=world)
+    on_gpu = _cuda_calls(world, rank, torch.device("cuda", 0))
+    on_cpu = _cuda_calls(world, rank, torch.device("cpu"))
+    differ = [name for name in on_cpu if len(on_cpu[name]) != len(on_gpu[name])
+              or not all(torch.equal(a, b) for a, b in zip(on_cpu[name], on_gpu[name]))]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"compared": sorted(on_cpu), "differ": differ}, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1] == "--cuda":
+        cuda_main(sys.argv[2:])
+    elif sys.argv[1] == "--failure":
+        failure_main(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

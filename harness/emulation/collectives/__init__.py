@@ -6,7 +6,14 @@ refuses them) and for CPU runs (where gloo lacks shapes NCCL accepts). docs/emul
 
 Every group made afterwards (new_group, new_subgroups, PKB's input generators) is one of these too.
 Data moves over loopback sockets between the ranks (links.py says why), CUDA tensors staged through host
-memory; the operations, their shapes and their refusals are NCCL's (group.py, rules.py).
+memory; the operations, their shapes and their refusals are NCCL's. One job a module:
+
+    group.py       the ProcessGroup torch sees: its identity and the table of operations
+    reductions.py  all_reduce, reduce, reduce_scatter        movement.py  broadcast, gathers, all_to_all, barrier
+    p2p.py         send, recv                                rules.py     NCCL's dtypes, reductions, the fold
+    exchange.py    one group's tensor messages and checks    work.py      the Work objects handed back
+    links.py       mailboxes over the connections            frames.py    a frame's bytes, written and read
+    mesh.py        the loopback connections' set-up
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ NCCL's ring does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -74,22 +74,27 @@ def check_reduction(name: str, dtype: torch.dtype, device_type: str) -> None:
         raise ValueError(f"Cannot use ReduceOp.{name} with boolean inputs")
 
 
-def combine(parts: Sequence[torch.Tensor], name: str, reduce_op: Any = None) -> torch.Tensor:
-    """Reduce equal-shaped host tensors given in rank order into a new tensor of their dtype."""
+def combine(parts: Sequence[torch.Tensor], name: str, reduce_op: Any = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce equal-shaped host tensors given in rank order into `out` (a new tensor of their dtype where
+    None). `out` may be one of the parts: each step reads an element before it writes that element, and the
+    last part is read in the last step only."""
     dtype = parts[0].dtype
     if dtype == torch.bool:  # NCCL reduces booleans as uint8: SUM is MAX (or), PRODUCT is MIN (and)
         name = {"SUM": "MAX", "PRODUCT": "MIN"}.get(name, name)
     if name == "PREMUL_SUM":
         factor = premul_factor(reduce_op)
-        scaled = [_mul(p, factor) for p in parts]
-        return _fold(scaled, "SUM")
-    out = _fold(parts, name)
+        return _fold([_mul(p, factor) for p in parts], "SUM", out)
+    result = _fold(parts, name, out)
     if name == "AVG":
         n = len(parts)
-        if dtype.is_floating_point or dtype.is_complex:
-            return _cast(_wide(out) / n, dtype)
-        return torch.div(out, n, rounding_mode="trunc").to(dtype)
-    return out
+        if dtype in _FLOAT8:
+            result.copy_(_cast(_wide(result) / n, dtype))
+        elif dtype.is_floating_point or dtype.is_complex:
+            result.div_(n)  # in the dtype, rounded once: the same bits as `result / n`
+        else:
+            result.copy_(torch.div(result, n, rounding_mode="trunc"))
+    return result
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -105,27 +110,31 @@ def _mul(t: torch.Tensor, factor: float | torch.Tensor) -> torch.Tensor:
     return _cast(_wide(t) * f, t.dtype)
 
 
-def _fold(parts: Sequence[torch.Tensor], name: str) -> torch.Tensor:
-    """((p0 op p1) op p2) ..., rounding to the dtype after every step."""
+_STEPS: dict[str, Callable[..., torch.Tensor]] = {
+    "SUM": torch.add, "AVG": torch.add, "PRODUCT": torch.mul, "MIN": torch.minimum, "MAX": torch.maximum,
+    "BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor,
+}
+
+
+def _fold(parts: Sequence[torch.Tensor], name: str, out: torch.Tensor | None) -> torch.Tensor:
+    """((p0 op p1) op p2) ..., rounding to the dtype after every step (each step is one torch op in the
+    dtype, which rounds once; float8 steps go through float32, where torch has no float8 arithmetic)."""
+    step = _STEPS.get(name)
+    if step is None:
+        raise ValueError(f"unsupported reduction ReduceOp.{name}")
     dtype = parts[0].dtype
-    acc = parts[0].clone()
-    for part in parts[1:]:
-        a, b = _wide(acc), _wide(part)
-        if name in ("SUM", "AVG"):
-            step = a + b
-        elif name == "PRODUCT":
-            step = a * b
-        elif name == "MIN":
-            step = torch.minimum(a, b)
-        elif name == "MAX":
-            step = torch.maximum(a, b)
-        elif name == "BAND":
-            step = a & b
-        elif name == "BOR":
-            step = a | b
-        elif name == "BXOR":
-            step = a ^ b
-        else:
-            raise ValueError(f"unsupported reduction ReduceOp.{name}")
-        acc = _cast(step, dtype)
-    return acc
+    result = out if out is not None else torch.empty_like(parts[0])
+    if len(parts) == 1:
+        return result.copy_(parts[0]) if result.data_ptr() != parts[0].data_ptr() else result
+    if dtype in _FLOAT8:
+        acc = parts[0]
+        for part in parts[1:]:
+            acc = _cast(step(_wide(acc), _wide(part)), dtype)
+        return result.copy_(acc)
+    # Every step but the last into a scratch: `out` may be a later part, which must be read intact.
+    acc = parts[0]
+    if len(parts) > 2:
+        acc = step(parts[0], parts[1])
+        for part in parts[2:-1]:
+            step(acc, part, out=acc)
+    return step(acc, parts[-1], out=result)

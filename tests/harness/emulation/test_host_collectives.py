@@ -100,3 +100,40 @@ def test_reductions_fold_in_rank_order_and_round_each_step():
     assert rules.combine(ints, "AVG").item() == 1  # 5 / 3 truncated, as NCCL divides integers
     fp8 = [torch.tensor([1.0]).to(torch.float8_e4m3fn)] * 2
     assert rules.combine(fp8, "SUM").float().item() == 2.0
+
+
+def _failure(tmp_path, scenario: str) -> dict:
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.host_collectives_support", "--failure", scenario, str(r),
+                               "2", str(tmp_path / "init"), str(tmp_path / "seen.json")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(2)]
+    outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    assert procs[0].returncode == 0, outputs[0][-3000:]
+    return json.loads((tmp_path / "seen.json").read_text())
+
+
+def test_a_peer_that_dies_is_a_clear_error_not_a_timeout_and_no_socket_is_left(tmp_path):
+    seen = _failure(tmp_path, "peer_dies")
+    assert seen["error"].startswith("PeerGone") and "rank 1" in seen["error"], seen
+    assert seen["seconds"] < 3.0, seen  # the group's timeout is 3 s: the death was seen, not waited out
+    assert seen["sockets_left"] <= 0, seen
+
+
+def test_a_peer_that_never_calls_times_out_with_the_groups_timeout(tmp_path):
+    seen = _failure(tmp_path, "peer_silent")
+    assert seen["error"].startswith("RuntimeError") and "within 3 s" in seen["error"], seen
+    assert seen["sockets_left"] <= 0, seen
+
+
+@pytest.mark.gpu(count=1)
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_tensors_on_one_shared_gpu_give_the_bits_cpu_tensors_give(tmp_path, world):
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.host_collectives_support", "--cuda", str(r), str(world),
+                               str(tmp_path / "init"), str(tmp_path / "seen.json")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    outputs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{outputs[r][-3000:]}"
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert len(seen["compared"]) == 12 and seen["differ"] == [], seen
