@@ -9,7 +9,7 @@ import ctypes
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ from harness.common.integrity import IntegrityConfig
 from harness.config import TimingConfig
 from harness.judge import plausibility, timing
 from harness.problems.registry import get, load_suite
-from harness.rank import pristine, refill, transport
+from harness.rank import messages, pristine, refill, transport
 from harness.rank.calls import fingerprint, same_bytes, snapshot
 from harness.rank.tripwires import Guard
 
@@ -265,11 +265,13 @@ def test_a_timed_session_refills_the_same_buffers_and_hands_judged_calls_over(al
     replies = []
     for i in range(4):
         keep = tmp_path / f"kept-{i - 1}.bin" if i else None
-        replies.append(session.prepare({"kind": "timed", "set": i % 2, "fill": seeds.fill_recipe(5, 100 + i, 0),
-                                        "keep_previous": str(keep) if keep else None, "check_previous": bool(keep)}))
+        fill = cast(messages.Recipe, seeds.fill_recipe(5, 100 + i, 0))
+        replies.append(session.prepare(messages.TimePrepare(kind="timed", set=i % 2, fill=fill,
+                                                            keep_previous=str(keep) if keep else None,
+                                                            check_previous=bool(keep))))
         assert len(seen) == i  # preparing draws the inputs and hands over; only the call runs the candidate
-        assert session.call({"kind": "timed", "set": i % 2})["ms"] >= 0
-    end = session.finish({"keep_previous": str(tmp_path / "kept-3.bin"), "check_previous": True})
+        assert session.call(messages.TimeCall(kind="timed", set=i % 2))["ms"] >= 0
+    end = session.finish(messages.TimeEnd(keep_previous=str(tmp_path / "kept-3.bin"), check_previous=True))
     assert seen[0][:2] == seen[2][:2] and seen[1][:2] == seen[3][:2]  # the same objects, the same memory ...
     assert not torch.equal(seen[0][2], seen[2][2]) and not torch.equal(seen[1][2], seen[3][2])  # ... new contents
     for i in range(4):  # each call's input is exactly its recipe's draw, and its output copy is of that call
