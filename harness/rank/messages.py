@@ -454,6 +454,10 @@ def _check(value: Any, hint: Any, where: str, depth: int) -> None:
         return
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        if value is not None and len(others) == 1:  # X | None: say what is wrong with it as an X
+            _check(value, others[0], where, depth)
+            return
         for option in args:
             try:
                 _check(value, option, where, depth)
