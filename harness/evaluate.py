@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 
 from harness import cancel
-from harness.common import failures, hostile_files, integrity
+from harness.common import failures, hostile_files, integrity, messages
 from harness.common.compare import compare_outputs
 from harness.common.flags import EMULATED, fast_eligible
 from harness.common.integrity import IntegrityConfig
@@ -54,7 +54,7 @@ from harness.measure import roofline
 from harness.problems.parallelkernelbench import input_report
 from harness.problems.parallelkernelbench import multicast as pkb_multicast
 from harness.problems.problem import Problem
-from harness.rank import messages, transport
+from harness.rank import transport
 from harness.rank.candidate import required_positional
 from harness.records import reference_cache
 from harness.records.environment import environment, hardware_key

@@ -1,4 +1,4 @@
-"""Talking to a pool's ranks: requests out (typed, harness.rank.messages, each with a fresh nonce), replies in
+"""Talking to a pool's ranks: requests out (typed, harness.common.messages, each with a fresh nonce), replies in
 with a deadline. Before the channel is sealed only the worker's own code has run, so its startup reply is
 unpickled; after it, replies are signed JSON frames read as raw bytes (harness.launch.replies), never
 unpickled. Every reply is checked against the reply type of the request's op before anyone reads a field of
@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from harness import cancel
-from harness.common import failures, hostile_files
+from harness.common import failures, hostile_files, messages
 from harness.common.flags import TAMPERING
+from harness.common.messages import Request
 from harness.launch.replies import RankPipes, drain, parse_frame
-from harness.rank import messages
-from harness.rank.messages import Request
 
 # What `RankPool.request` takes: one message for every rank, or one per rank keyed by rank; each typed or as
 # its wire dict (checked as the rank checks it before it is sent).
@@ -174,7 +173,7 @@ class Exchange:
         return replies
 
     def _checked(self, rank: int, reply: dict[str, Any]) -> dict[str, Any]:
-        """The reply if it fits its op's reply type (harness.rank.messages), else this rank's failure."""
+        """The reply if it fits its op's reply type (harness.common.messages), else this rank's failure."""
         op = self.ops.get(rank, "ready")
         try:
             return messages.check_reply(op, reply)

@@ -6,7 +6,7 @@ processes; for a pool that loads candidate code (role "candidate") the launcher 
 scratch folder), so killing the sandbox ends every process the ranks started. Pools that only run
 references and problem code (role "trusted": reference timing, validation, tracing) skip the sandbox.
 
-Each rank has four pipes: requests (harness -> rank, typed: harness.rank.messages), replies, events
+Each rank has four pipes: requests (harness -> rank, typed: harness.common.messages), replies, events
 (collectives as the rank's monitor sees them, written as they happen) and its stdout+stderr, which the harness
 drains while it waits and caps (a rank that writes more than `output_cap` bytes fails the pool). Replies after
 the "seal" request are JSON with an HMAC over the request's nonce and the body (harness.common.channel); nothing
@@ -262,7 +262,7 @@ class RankPool:
     def request(self, message: Outgoing, timeout: float, grace: float = 5.0,
                 build_allowance: float = 0.0) -> list[dict[str, Any]]:
         """Send one request to every rank (the same message, or one per rank keyed by rank; typed, or as the
-        dict harness.rank.messages checks); return the replies in rank order, each checked against its op's
+        dict harness.common.messages checks); return the replies in rank order, each checked against its op's
         reply type. `last_span_s` is the harness's own time from the first send to the last reply.
 
         Raises Hang (with every rank's stack) when a rank has not answered by `timeout`, or within

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from harness.common import failures
-from harness.rank import messages, refill, transport
+from harness.common import failures, messages
+from harness.rank import refill, transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
 from harness.rank.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
 from harness.rank.timed import TimedSession

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.common import failures, integrity, seeds
-from harness.rank import messages, refill, transport
+from harness.common import failures, integrity, messages, seeds
+from harness.rank import refill, transport
 from harness.rank.calls import clone_tree, fingerprint, leaves, same_bytes
 from harness.rank.candidate import trimmed_traceback
 from harness.rank.timed import TimedSession, agree_min, input_sets_needed, l2_and_free

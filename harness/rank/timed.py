@@ -29,8 +29,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.common import messages
 from harness.common.spin import cycles as spin_cycles
-from harness.rank import messages, refill, transport
+from harness.rank import refill, transport
 from harness.rank.calls import clone_tree, fingerprint, same_bytes, snapshot
 
 _clock = time.perf_counter

@@ -40,11 +40,11 @@ import torch.distributed as dist
 
 from harness.common import failures
 from harness.common.kernel_names import short_name
+from harness.common.messages import Profile
 from harness.common.seeds import TIMING_TRIAL_BASE
 from harness.common.spin import cycles as spin_cycles
 from harness.common.spin import spin_us
 from harness.rank.candidate import trimmed_traceback
-from harness.rank.messages import Profile
 from harness.rank.tracing import keep_torch_namespace
 
 CALL_RANGE = "pkb::call"

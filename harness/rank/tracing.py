@@ -43,8 +43,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from harness.common import failures
+from harness.common.messages import Trace
 from harness.rank.candidate import trimmed_traceback
-from harness.rank.messages import Trace
 
 MAX_RECORDS = 64  # collectives listed one by one in a reply; the per-kind totals always cover all of them
 

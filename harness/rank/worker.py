@@ -31,13 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.common import channel, failures
+from harness.common import channel, failures, messages
 from harness.common.flags import SPAWNED_THREADS
 from harness.common.seeds import rank_seed
 from harness.emulation import collectives
 from harness.problems.problem import Problem
 from harness.problems.registry import load_problem_spec
-from harness.rank import candidate_side, messages, reference_side
+from harness.rank import candidate_side, reference_side
 from harness.rank.candidate import trimmed_traceback
 from harness.rank.refill import Draw
 from harness.rank.timed import TimedSession
@@ -118,7 +118,7 @@ class Worker:
 
     # -- requests -------------------------------------------------------------------------------
     def handle(self, message: messages.Request) -> dict[str, Any]:
-        """Answer one typed request (harness.rank.messages) by the handler its role's table names."""
+        """Answer one typed request (harness.common.messages) by the handler its role's table names."""
         handler = HANDLERS[self.role].get(message.op)
         if handler is None:
             return _fail(failures.INFRA_ERROR, f"op {message.op!r} is not served by a {self.role} rank")
@@ -176,7 +176,7 @@ def _profile(worker: Worker, message: messages.Profile) -> dict[str, Any]:
     return timeline.profile_in_worker(worker, message)
 
 
-# Each handler takes the request class harness.rank.messages.REQUESTS names for its op and role.
+# Each handler takes the request class harness.common.messages.REQUESTS names for its op and role.
 Handler = Callable[[Worker, Any], dict[str, Any]]
 _TIMING: dict[str, Handler] = {"time_prepare": _time_prepare, "time_call": _time_call, "time_end": _time_end}
 HANDLERS: dict[str, dict[str, Handler]] = {

@@ -1,4 +1,4 @@
-"""The typed messages between the judge and its ranks (harness.rank.messages): what each role serves, how a
+"""The typed messages between the judge and its ranks (harness.common.messages): what each role serves, how a
 request travels, and how strictly a reply a hostile rank wrote is read."""
 
 from __future__ import annotations
@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from harness.common import failures
+from harness.common import failures, messages
 from harness.common.flags import TAMPERING
 from harness.launch.exchange import Exchange, outgoing
 from harness.launch.replies import RankPipes
-from harness.rank import messages
 from harness.rank.worker import HANDLERS
 
 SERVED_BY_THE_LOOP = {"exit", "seal"}  # the serving loop's own; every other op goes through the table
@@ -68,7 +67,9 @@ def test_a_request_that_does_not_fit_is_refused_by_name(raw, why):
 
 def test_the_judge_checks_a_request_before_it_is_sent():
     assert outgoing({"op": "ping"}, 2, "trusted") == {0: messages.Ping(), 1: messages.Ping()}
-    per_rank = outgoing({0: messages.TimeEnd(), 1: {"op": "time_end", "keep_previous": "k"}}, 2, "candidate")
+    mixed: dict[int, messages.Request | dict[str, Any]] = {0: messages.TimeEnd(),
+                                                           1: {"op": "time_end", "keep_previous": "k"}}
+    per_rank = outgoing(mixed, 2, "candidate")
     assert per_rank[1] == messages.TimeEnd(keep_previous="k")
     with pytest.raises(messages.ProtocolError, match="does not serve"):
         outgoing(messages.Call(candidate="c", inputs="i", output="o"), 2, "trusted")

@@ -16,12 +16,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.common import seeds
+from harness.common import messages, seeds
 from harness.common.integrity import IntegrityConfig
 from harness.config import TimingConfig
 from harness.judge import plausibility, timing
 from harness.problems.registry import get, load_suite
-from harness.rank import messages, pristine, refill, transport
+from harness.rank import pristine, refill, transport
 from harness.rank.calls import fingerprint, same_bytes, snapshot
 from harness.rank.tripwires import Guard
 

@@ -10,7 +10,7 @@ unknown op, a missing or unknown field and a value of the wrong type: the rank a
 Replies (rank -> judge) are JSON the rank signs (harness.common.channel); a rank runs hostile code, so what
 arrives is checked against the reply type of the request's op (`check_reply`: the envelope every reply has,
 the fields that op's reply may carry, each of its declared type, sizes bounded) before the judge reads a field
-of it. A reply that does not fit is the rank's failure (harness.launch.transport turns it into one), never a
+of it. A reply that does not fit is the rank's failure (harness.launch.exchange turns it into one), never a
 crash of the judge. The payloads of `trace` and `profile` replies are summaries of a trace with many fields:
 they are checked as bounded JSON data, not field by field.
 """
