@@ -38,10 +38,10 @@ from harness.launch import leftovers, teardown
 from harness.launch.exchange import Exchange, Hang, Outgoing, PoolError, outgoing
 from harness.launch.oversight import Oversight, RankMisbehaved, sandbox_record
 from harness.launch.replies import RankPipes
-from harness.launch.sandbox import SandboxInfo, probe
+from harness.launch.sandbox import SandboxInfo
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.scratch import SCRATCH_DIRS, Lease
-from harness.launch.spawn import OUTPUT_CAP, PoolSettings, Spawned, find_host_pids, spawn, worker_env
+from harness.launch.spawn import OUTPUT_CAP, PoolSettings, Spawned, find_host_pids, sandbox_for, spawn, worker_env
 
 # The names other modules import from here.
 __all__ = ["OUTPUT_CAP", "SCRATCH_DIRS", "Hang", "PoolError", "RankMisbehaved", "RankPool", "worker_env"]
@@ -75,14 +75,8 @@ class RankPool:
             raise ValueError(f"unknown pool role {role!r}")
         if gpus is not None and len(gpus) != world_size:
             raise ValueError(f"{world_size} ranks need one GPU entry each, got {gpus}")
-        if role != "candidate":
-            info = SandboxInfo("none", reason="trusted pool")
-        elif not sandbox:
-            info = SandboxInfo("none", reason="asked to run unsandboxed (Nsight Compute profiling)")
-        else:
-            info = probe()
         self.settings = PoolSettings(
-            world_size=world_size, device=device, role=role, sandbox=info,
+            world_size=world_size, device=device, role=role, sandbox=sandbox_for(role, sandbox),
             sandbox_limits=sandbox_limits or SandboxLimits.for_ranks(world_size), start_timeout=start_timeout,
             extra_env=env or {}, gpus=gpus, rank_prefix=rank_prefix or {}, extensions=extensions, visible=visible,
             output_cap=output_cap, limits={"nofile": nofile_limit, "fsize": fsize_limit}, ranks_per_gpu=ranks_per_gpu)

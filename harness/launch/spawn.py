@@ -21,7 +21,7 @@ from harness.common.safe_env import SAFE_ENV
 from harness.emulation import layout
 from harness.launch import leftovers
 from harness.launch.replies import RankPipes
-from harness.launch.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment
+from harness.launch.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.memory import MemoryCgroup
 from harness.launch.sandbox.namespace import children
@@ -68,6 +68,16 @@ class Spawned:
     status_fd: int
     policy: SandboxPolicy | None = None
     cgroup: MemoryCgroup | None = None
+
+
+def sandbox_for(role: str, wanted: bool) -> SandboxInfo:
+    """The sandbox a pool gets: none for a trusted pool or where asked (Nsight Compute needs the GPU's counters,
+    which a user namespace cannot reach), else the best this machine can make."""
+    if role != "candidate":
+        return SandboxInfo("none", reason="trusted pool")
+    if not wanted:
+        return SandboxInfo("none", reason="asked to run unsandboxed (Nsight Compute profiling)")
+    return probe()
 
 
 def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
