@@ -72,6 +72,21 @@ record.input_memory_fraction
 # The infra_error causes, listed once as data (docs/harness.md and every infra_error record name them).
 record.INFRA_CAUSES
 
+# The reply types of harness.common.messages: TypedDicts whose fields the reply check reads from their
+# annotations, and the judge reads by string key.
+messages = Whitelist()
+messages.tripwire
+messages.died
+messages.probe_note
+messages.previous_changed
+messages.changed_after_return
+messages.input_fingerprint
+messages.kept_bytes
+messages.kept_intact
+messages.refill_ms
+messages.refill_host_ms
+messages.barrier_enqueue_us
+
 # pytest fixtures taken for their effect (autouse-like, named in the test's parameters).
 fixtures = Whitelist()
 fixtures.fresh_cancel

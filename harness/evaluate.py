@@ -28,12 +28,12 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from harness import cancel
-from harness.common import failures, hostile_files, integrity
+from harness.common import failures, hostile_files, integrity, messages
 from harness.common.compare import compare_outputs
 from harness.common.flags import EMULATED, fast_eligible
 from harness.common.integrity import IntegrityConfig
@@ -360,10 +360,10 @@ class _Evaluation:
         assert self.pool is not None and self.reference is not None
         limits = self.config.limits
         started = time.perf_counter()
-        self.ask(self.pool, {"op": "setup", "problem": self.problem.loader_spec, "shape": self.shape,
-                             "groups": self.reference.groups}, "load", limits.load_s)
+        self.ask(self.pool, messages.Setup(problem=self.problem.loader_spec, shape=self.shape,
+                                          groups=list(self.reference.groups)), "load", limits.load_s)
         params = len(_required(self.problem))
-        replies = self.ask(self.pool, {"op": "load_candidate", "candidate": str(self.code_path), "params": params},
+        replies = self.ask(self.pool, messages.LoadCandidate(candidate=str(self.code_path), params=params),
                            "load", limits.load_s)
         self.flags.extend(_flags_of(replies))
         events = self.pool.take_events()
@@ -391,7 +391,8 @@ class _Evaluation:
         started = time.perf_counter()
         for index, trial in enumerate(schedule):
             delays = trials.delays(trial, self.checks, self.world_size, self.rng)
-            per_rank, paths = {}, {}
+            per_rank: dict[int, messages.Call] = {}
+            paths = {}
             ref = self.reference.trials[trial.id]
             for rank in range(self.world_size):
                 stem = calls_dir / f"c{index}-r{rank}"
@@ -400,11 +401,11 @@ class _Evaluation:
                     files.copy_new(inputs, self.ref_dir / f"in-{trial.id}-r{rank}.pt")
                 paths[rank] = {"output": f"{stem}-out.bin", "previous_output": f"{stem}-prev.bin",
                                "inputs_after": f"{stem}-after.bin"}
-                per_rank[rank] = {"op": "call", "candidate": str(self.code_path), "inputs": str(inputs),
-                                  "output": paths[rank]["output"], "previous_output": paths[rank]["previous_output"],
-                                  "return_inputs": paths[rank]["inputs_after"] if ref[rank].get("mutated") else None,
-                                  "delay_s": delays[rank], "lazy_delay_s": self.checks.lazy_delay_s,
-                                  "busy_bytes": self.checks.busy_bytes}
+                per_rank[rank] = messages.Call(
+                    candidate=str(self.code_path), inputs=str(inputs), output=paths[rank]["output"],
+                    previous_output=paths[rank]["previous_output"],
+                    return_inputs=paths[rank]["inputs_after"] if ref[rank].get("mutated") else None,
+                    delay_s=delays[rank], lazy_delay_s=self.checks.lazy_delay_s, busy_bytes=self.checks.busy_bytes)
             loopback = pool.net_bytes()
             timeout = max(1.0, deadline - time.monotonic())
             try:
@@ -459,15 +460,16 @@ class _Evaluation:
         assert scratch is not None and files is not None
         started = time.perf_counter()
         sets_dir, keep_dir = scratch / "sets", scratch / "kept"
-        per_rank: dict[int, dict[str, Any]] = {}
+        per_rank: dict[int, messages.CallTimeBegin] = {}
         with self.candidate_files("timing"):
             files.make_dir("sets")
             files.make_dir("kept")
             for rank in range(self.world_size):
-                per_rank[rank] = {"op": "time_begin", "candidate": str(self.code_path), "clone_inputs": sets.mutated}
                 if plan.refill:  # the rank draws its sets' first contents itself, as every call's
-                    per_rank[rank]["set_fills"] = [fill_recipe(self.seed, TIMING_TRIAL_BASE + k, rank)
-                                                   for k in range(sets.count)]
+                    fills = [cast(messages.Recipe, fill_recipe(self.seed, TIMING_TRIAL_BASE + k, rank))
+                             for k in range(sets.count)]
+                    per_rank[rank] = messages.CallTimeBegin(candidate=str(self.code_path), clone_inputs=sets.mutated,
+                                                            set_fills=fills)
                     continue
                 names = [f"set{i}" for i in range(sets.count)] + [f"fresh{j}" for j in range(sets.fresh)]
                 paths = []
@@ -475,7 +477,8 @@ class _Evaluation:
                     target = sets_dir / f"{name}-r{rank}.pt"
                     files.copy_new(target, self.ref_dir / f"in-{name}-r{rank}.pt")
                     paths.append(str(target))
-                per_rank[rank].update(sets=paths[:sets.count], fresh=paths[sets.count:])
+                per_rank[rank] = messages.CallTimeBegin(candidate=str(self.code_path), clone_inputs=sets.mutated,
+                                                        sets=paths[:sets.count], fresh=paths[sets.count:])
         self.ask(self.pool, per_rank, "timing", limits.time_s)
         self.pool.take_events()
         judged = [it for it in plan.iterations if it.judged]

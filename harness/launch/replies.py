@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, TypeGuard
+from typing import Any
 
 from harness.common import channel
 
@@ -40,11 +40,6 @@ class RankPipes:
     host_pid: int | None = None
     building_since: float | None = None  # a native build inside a call began (monotonic), not yet ended
     build_seconds: float = 0.0
-
-
-def keyed_by_rank(message: dict[str, Any] | dict[int, dict[str, Any]]) -> TypeGuard[dict[int, dict[str, Any]]]:
-    """Whether a request is one message per rank, keyed by rank (else one message for every rank)."""
-    return all(isinstance(k, int) for k in message)
 
 
 def parse_frame(buf: bytearray, key: bytes, nonce: str, rank: int) -> dict[str, Any] | None:

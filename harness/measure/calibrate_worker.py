@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.common import messages
+from harness.common.messages import TimedKind
 from harness.common.spin import MAX_SPIN_US, MIN_SPIN_US, spin_us
 from harness.rank.timed import TimedSession, agree_min, input_sets_needed, l2_and_free
 
@@ -48,16 +50,16 @@ def time_calls(fn: Callable[..., Any], sets: list[tuple[Any, ...]], device: torc
     session = TimedSession(fn, sets, [], device, plain=_no_issue)
     turn = iter(range(1 << 62))
 
-    def call(kind: str, spin: float) -> dict[str, Any]:
-        req = {"kind": kind, "set": next(turn) % len(sets), "spin_us": spin}
-        session.prepare(req)  # no recipe: the trusted calibration rotates its sets as given
-        return session.call(req)
+    def call(kind: TimedKind, spin: float) -> dict[str, Any]:
+        index = next(turn) % len(sets)
+        session.prepare(messages.TimePrepare(kind=kind, set=index))  # no recipe: the trusted calibration rotates
+        return session.call(messages.TimeCall(kind=kind, set=index, spin_us=spin))
 
     warm = [call("warmup", 0.0) for _ in range(max(int(config.get("warmup", 10)), 1))]
     spin = _spin(warm, device, config) if device.type == "cuda" else 0.0
     times = [call("timed", spin)["ms"] for _ in range(int(config.get("iters", 50)))]
     host = [call("host", 0.0)["ms"] for _ in range(int(config.get("host_iters", 10)))]
-    session.finish({})
+    session.finish(messages.TimeEnd())
     return {"times_ms": times, "host_ms": host, "input_sets": len(sets), "spin_us": spin}
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from harness.common import failures
+from harness.common import failures, messages
 from harness.rank import refill, transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
 from harness.rank.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
@@ -32,10 +32,10 @@ def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"ok": False, "verdict": verdict, "message": message[:1500], **extra}
 
 
-def setup(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def setup(worker: Worker, req: messages.Setup) -> dict[str, Any]:
     """Before the candidate: make the import path a PKB checkout's solutions expect, and every process
     group the inputs name, in the order given (new_group is collective: every rank makes every group)."""
-    spec = req.get("problem") or ""
+    spec = req.problem or ""
     if spec.startswith("pkb:"):
         from harness.problems.parallelkernelbench import checkout  # deferred: only a checkout's candidates need it
 
@@ -45,10 +45,10 @@ def setup(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         # Loaded now, before any candidate code: timed calls draw their inputs with its make_inputs, bound
         # here (a candidate that replaces it later draws inputs the judge's expected outputs do not match).
         problem = worker.problem(spec)
-        worker.timing_draw = refill.drawer(problem, problem.shape(req["shape"]), worker.rank, worker.world_size,
-                                           worker.device) if req.get("shape") else None
-    for ranks in req.get("groups", []):
-        key = tuple(int(r) for r in ranks) if ranks is not None else None
+        worker.timing_draw = refill.drawer(problem, problem.shape(req.shape), worker.rank, worker.world_size,
+                                           worker.device) if req.shape else None
+    for ranks in req.groups:
+        key = tuple(ranks) if ranks is not None else None
         if key not in worker.groups:
             worker.groups[key] = dist.new_group(list(key)) if key is not None else dist.group.WORLD
     return {"ok": True}
@@ -75,7 +75,7 @@ def watch_builds(worker: Worker) -> None:
     cpp_extension._jit_compile = jit_compile
 
 
-def load(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def load(worker: Worker, req: messages.LoadCandidate) -> dict[str, Any]:
     watch_builds(worker)
     if not worker.candidates and not worker.guard.captured:
         # Everything the worker relies on, as it is before the first line of candidate code runs. (Its module
@@ -85,10 +85,10 @@ def load(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker), *problems])
         worker.baseline_threads = {t.ident for t in threading.enumerate() if t.ident is not None}
     collectives = worker.monitor.state()
-    monitored = worker.monitor.watch(lambda: load_candidate(Path(req["candidate"]), int(req["params"])),
+    monitored = worker.monitor.watch(lambda: load_candidate(Path(req.candidate), req.params),
                                      lambda: True)
     try:
-        worker.candidates[req["candidate"]] = monitored()
+        worker.candidates[req.candidate] = monitored()
     except CandidateError as err:
         return {"ok": False, "verdict": err.verdict, "message": err.message, "evidence": err.evidence}
     return {"ok": True, "collectives": worker.monitor.since(collectives)}
@@ -98,38 +98,37 @@ def _plain(value: Any) -> bool:
     return transport.describe_unsupported(value) is None
 
 
-def call(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
-    """One call of the candidate on the inputs in req["inputs"]; its output copy goes to req["output"]."""
-    fn = worker.candidates[req["candidate"]].solution
+def call(worker: Worker, req: messages.Call) -> dict[str, Any]:
+    """One call of the candidate on the inputs in req.inputs; its output copy goes to req.output."""
+    fn = worker.candidates[req.candidate].solution
     try:
-        inputs = transport.load_inputs(Path(req["inputs"]), worker.device, worker.groups)
+        inputs = transport.load_inputs(Path(req.inputs), worker.device, worker.groups)
     except Exception as exc:  # inputs the harness wrote: a harness or machine failure
         return _fail(failures.INFRA_ERROR, f"rank {worker.rank}: inputs could not be loaded: {exc}")
     worker.candidate_calls += 1
     counted = worker.candidate_calls > 1  # the rank's first call is set-up (rendezvous, groups, builds)
     collectives = worker.monitor.state()
     watched = worker.monitor.watch(fn, lambda: counted)
-    delay(float(req.get("delay_s", 0.0)), worker.device)
+    delay(req.delay_s, worker.device)
     try:
         live, at_return, later = call_with_snapshots(watched, inputs, worker.device,
-                                                     float(req.get("lazy_delay_s", 0.0)),
-                                                     int(req.get("busy_bytes", 1 << 20)), _plain)
+                                                     float(req.lazy_delay_s), req.busy_bytes, _plain)
     except Exception as exc:  # its peers may now wait in a collective: the parent's grace ends them
         return {**_fail(failures.RUNTIME_ERROR, f"rank {worker.rank} raised {type(exc).__name__}: {exc}",
                         evidence=trimmed_traceback(exc), build=_is_build_error(exc)),
                 "collectives": worker.monitor.since(collectives)}
     reply: dict[str, Any] = {"ok": True, "collectives": worker.monitor.since(collectives), "counted": counted}
-    reply["previous_changed"] = _look_back(worker, req.get("previous_output"))
+    reply["previous_changed"] = _look_back(worker, req.previous_output)
     if at_return is None:
         reply["unsupported"] = transport.describe_unsupported(live)
     else:
-        transport.write_tree(Path(req["output"]), at_return)
+        transport.write_tree(Path(req.output), at_return)
         if not same_bytes(at_return, later):
-            transport.write_tree(Path(req["output"] + ".later"), later)
+            transport.write_tree(Path(req.output + ".later"), later)
             reply["changed_after_return"] = True
     reply["input_fingerprint"] = fingerprint(inputs)
-    if req.get("return_inputs"):
-        transport.write_tree(Path(req["return_inputs"]), [t for t in leaves(inputs) if isinstance(t, torch.Tensor)])
+    if req.return_inputs:
+        transport.write_tree(Path(req.return_inputs), [t for t in leaves(inputs) if isinstance(t, torch.Tensor)])
     worker.previous = (live, at_return) if at_return is not None else None
     return reply
 
@@ -152,22 +151,22 @@ def _is_build_error(exc: BaseException) -> bool:
     return classify_load_error(exc) == failures.COMPILE_ERROR
 
 
-def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def time_begin(worker: Worker, req: messages.CallTimeBegin) -> dict[str, Any]:
     """Timing's input sets on the device: drawn here from the recipes the request brings, where timed calls
     draw their inputs anew (`set_fills`), else loaded from the files the trusted pool wrote."""
-    fn = worker.monitor.watch(worker.candidates[req["candidate"]].solution, lambda: True)
-    draw = worker.timing_draw if req.get("set_fills") is not None else None
+    fn = worker.monitor.watch(worker.candidates[req.candidate].solution, lambda: True)
+    draw = worker.timing_draw if req.set_fills is not None else None
     try:
-        if req.get("set_fills") is not None:
+        if req.set_fills is not None:
             if draw is None:
                 raise RuntimeError("no problem was set up to draw inputs with")
-            sets, fresh = [draw(recipe) for recipe in req["set_fills"]], []
+            sets, fresh = [draw(dict(recipe)) for recipe in req.set_fills], []
         else:
-            sets = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req["sets"]]
-            fresh = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req.get("fresh", [])]
+            sets = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req.sets]
+            fresh = [transport.load_inputs(Path(p), worker.device, worker.groups) for p in req.fresh]
     except Exception as exc:
         return _fail(failures.INFRA_ERROR, f"rank {worker.rank}: timing inputs could not be loaded: {exc}")
     worker.sync()
     worker.timing = TimedSession(fn, sets, fresh, worker.device, plain=transport.describe_unsupported,
-                                 clone=bool(req.get("clone_inputs")), draw=draw)
+                                 clone=req.clone_inputs, draw=draw)
     return {"ok": True, "input_sets": len(sets), "modules": len(sys.modules)}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from harness.common import failures, integrity, seeds
+from harness.common import failures, integrity, messages, seeds
 from harness.rank import refill, transport
 from harness.rank.calls import clone_tree, fingerprint, leaves, same_bytes
 from harness.rank.candidate import trimmed_traceback
@@ -97,16 +97,16 @@ def _run_reference(worker: Worker, problem: Problem, inputs: tuple[Any, ...], fo
                                                                   for g in groups], "out": out}
 
 
-def trials(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def trials(worker: Worker, req: messages.RefTrials) -> dict[str, Any]:
     """Op "ref_trials": every correctness trial of the schedule on this rank, in the order given. Every
     rank runs every trial whatever happens, so collectives stay matched; the first failure is reported."""
-    problem = worker.problem(req["problem"])
-    shape = problem.shape(req["shape"])
-    seed = int(req["seed"])
-    folder = Path(req["dir"])
+    problem = worker.problem(req.problem)
+    shape = problem.shape(req.shape)
+    seed = req.seed
+    folder = Path(req.dir)
     done, failure = [], None
-    for trial in req["trials"]:
-        tid, kind = int(trial["id"]), trial["kind"]
+    for trial in req.trials:
+        tid, kind = trial.id, trial.kind
         began = time.perf_counter()
         try:
             if kind == "probe":
@@ -129,30 +129,30 @@ def trials(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
     return failure or {"ok": True, "trials": done}
 
 
-def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def timing_sets(worker: Worker, req: messages.RefSets) -> dict[str, Any]:
     """Op "ref_sets": how many rotated input sets timing needs (one pass over them exceeds 3x L2), and the
     expected outputs of the calls the harness will judge. Where a rank can draw its inputs from a recipe
     (harness.rank.refill) every timed call gets new contents, so what is saved is the judged calls' outputs
     (`t<trial>` files; no inputs are written: the candidate's ranks draw their own). Where it cannot (inputs
     holding process groups or modules), the rotated and fresh sets are saved with their outputs, as files
     the candidate's ranks load (`set<k>`, `fresh<j>`)."""
-    problem = worker.problem(req["problem"])
-    shape = problem.shape(req["shape"])
-    seed, base = int(req["seed"]), int(req["trial_base"])
-    folder = Path(req["dir"])
+    problem = worker.problem(req.problem)
+    shape = problem.shape(req.shape)
+    seed, base = req.seed, req.trial_base
+    folder = Path(req.dir)
     try:
         first = worker.inputs(problem, shape, seed, base)
         set_bytes = transport.tree_nbytes(first)
         l2_bytes, free_bytes = l2_and_free(worker.device)
-        wanted = input_sets_needed(set_bytes, l2_bytes, req.get("config", {}), free_bytes) \
-            if worker.device.type == "cuda" else int(req.get("config", {}).get("min_input_sets", 2))
+        wanted = input_sets_needed(set_bytes, l2_bytes, req.config, free_bytes) \
+            if worker.device.type == "cuda" else int(req.config.get("min_input_sets", 2))
         n_sets = agree_min(wanted, worker.device)
-        why_not = refill.not_refillable(first) if req.get("refill", True) else "refill is off"
+        why_not = refill.not_refillable(first) if req.refill else "refill is off"
         if agree_min(int(why_not is None), worker.device):  # every rank must choose alike
             return _judged_outputs(worker, problem, shape, req, n_sets, set_bytes, l2_bytes)
         sets = [first] + [worker.inputs(problem, shape, seed, base + i) for i in range(1, n_sets)]
         fresh = [worker.inputs(problem, shape, seed, base + integrity.FRESH_TRIAL_OFFSET + j)
-                 for j in range(int(req.get("fresh", 0)))]
+                 for j in range(req.fresh)]
         prints, mutated, groups = [], False, []
         named = [*((f"set{i}", s) for i, s in enumerate(sets)), *((f"fresh{j}", s) for j, s in enumerate(fresh))]
         for stem, inputs in named:
@@ -172,16 +172,16 @@ def timing_sets(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
             "l2_bytes": l2_bytes, "fingerprints": prints, "mutated": mutated, "groups": groups}
 
 
-def _judged_outputs(worker: Worker, problem: Problem, shape: dict[str, Any], req: dict[str, Any], n_sets: int,
+def _judged_outputs(worker: Worker, problem: Problem, shape: dict[str, Any], req: messages.RefSets, n_sets: int,
                     set_bytes: int, l2_bytes: int) -> dict[str, Any]:
     """The reference's outputs of every call the harness will judge, drawn from the same recipes the
     candidate's ranks will get; the rotated sets' first contents for the reference's own timing."""
-    seed, base, folder = int(req["seed"]), int(req["trial_base"]), Path(req["dir"])
+    seed, base, folder = req.seed, req.trial_base, Path(req.dir)
     draw = refill.drawer(problem, shape, worker.rank, worker.world_size, worker.device)
     mutated = False
-    for judged in req.get("judged", []):
-        trial = int(judged["trial"])
-        inputs = draw(seeds.fill_recipe(seed, trial, worker.rank, bool(judged.get("probe"))))
+    for judged in req.judged:
+        trial = judged.trial
+        inputs = draw(seeds.fill_recipe(seed, trial, worker.rank, judged.probe))
         info = _run_reference(worker, problem, inputs, folder, f"t{trial}", save_inputs=False)
         del info["out"], inputs
         mutated = mutated or info["mutated"]
@@ -191,12 +191,12 @@ def _judged_outputs(worker: Worker, problem: Problem, shape: dict[str, Any], req
             "mutated": mutated, "groups": []}
 
 
-def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def time_begin(worker: Worker, req: messages.RefTimeBegin) -> dict[str, Any]:
     """Timing of the reference on the sets ref_sets drew, every call's inputs drawn anew from the recipes the
     requests bring where ref_sets found that possible (its outputs are dropped: the judged ones were saved)."""
     if worker.timing_sets is None:
         return _fail(failures.INFRA_ERROR, "time_begin before ref_sets")
-    problem = worker.problem(req["problem"])
+    problem = worker.problem(req.problem)
     sets, fresh = worker.timing_sets
     # What a candidate's rank does around each timed call, done here too, so that the harness's clock sees
     # the same per-request work on both sides: the collective monitor's watch, the plain-data check of the
@@ -206,31 +206,31 @@ def time_begin(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         worker.guard.capture(extra=[("worker", worker_module), ("worker.Worker", worker_module.Worker),
                                     *((f"problem {spec}", p.module) for spec, p in worker.problems.items())])
     solution = worker.monitor.watch(problem.solution, lambda: True)
-    worker.timing = TimedSession(solution, sets, fresh if req.get("fresh") else [], worker.device,
-                                 plain=transport.describe_unsupported, clone=bool(req.get("clone_inputs")),
+    worker.timing = TimedSession(solution, sets, fresh if req.fresh else [], worker.device,
+                                 plain=transport.describe_unsupported, clone=req.clone_inputs,
                                  draw=worker.timing_draw)
     return {"ok": True, "input_sets": len(sets)}
 
 
-def validate(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
+def validate(worker: Worker, req: messages.Validate) -> dict[str, Any]:
     """Op "validate": the distributed reference against the single-process oracle, over several trials.
     Every trial runs on every rank even after a failure, so the ranks' collectives stay matched."""
     from harness.common.compare import compare_outputs, same_values  # trusted rank: no candidate code here
 
-    problem = worker.problem(req["problem"])
-    shape = problem.shape(req["shape"])
+    problem = worker.problem(req.problem)
+    shape = problem.shape(req.shape)
     oracle = problem.oracle
     if oracle is None:  # loading checked it is there; every rank sees the same problem, so all return here
         return _fail(failures.INFRA_ERROR, "the problem has no oracle")
     worst = 0.0
     failure: dict[str, Any] | None = None
-    for trial in range(req["trials"]):
-        mine = worker.inputs(problem, shape, req["seed"], trial)
+    for trial in range(req.trials):
+        mine = worker.inputs(problem, shape, req.seed, trial)
         out = problem.solution(*clone_tree(mine))
         worker.sync()
         # Every rank's inputs, drawn on this device (a CUDA generator's stream differs from the CPU's),
         # then handed to the oracle on the CPU.
-        everyone = [_to_cpu(worker.inputs(problem, shape, req["seed"], trial, r)) for r in range(worker.world_size)]
+        everyone = [_to_cpu(worker.inputs(problem, shape, req.seed, trial, r)) for r in range(worker.world_size)]
         expected = oracle(shape, worker.world_size, everyone)
         if failure is not None:
             continue
@@ -242,7 +242,7 @@ def validate(worker: Worker, req: dict[str, Any]) -> dict[str, Any]:
         if not result["ok"]:
             failure = _fail(result["verdict"], f"reference disagrees with oracle on rank {worker.rank}, "
                                                f"trial {trial}: {result['message']}", trial=trial)
-        elif not same_values(mine, worker.inputs(problem, shape, req["seed"], trial)):
+        elif not same_values(mine, worker.inputs(problem, shape, req.seed, trial)):
             failure = _fail(failures.OUTPUT_MISMATCH, "make_inputs is not reproducible from the seed", trial=trial)
         else:
             worst = max(worst, result.get("max_abs_err", 0.0))

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.common import messages
 from harness.common.spin import cycles as spin_cycles
 from harness.rank import refill, transport
 from harness.rank.calls import clone_tree, fingerprint, same_bytes, snapshot
@@ -115,13 +116,13 @@ class TimedSession:
         self.kept_pristine: Any = None
         self.next: tuple[str, tuple[Any, ...]] | None = None  # what `prepare` drew for the coming call
 
-    def _hand_over(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _hand_over(self, req: messages.TimePrepare | messages.TimeCall | messages.TimeEnd) -> dict[str, Any]:
         """Write the previous call's output copy where the harness asked (it chose after that call had
         returned), and if asked whether that call's inputs are still as drawn (bit for bit against the draw
         they were copied from), then forget both."""
         kept, issue, args, pristine = self.kept, self.kept_issue, self.kept_args, self.kept_pristine
         self.kept, self.kept_issue, self.kept_args, self.kept_pristine = None, None, None, None
-        path = req.get("keep_previous")
+        path = req.keep_previous
         done: dict[str, Any] = {"kept_bytes": 0}
         if not path:
             return done
@@ -129,7 +130,7 @@ class TimedSession:
             Path(path).with_suffix(".issue").write_text(issue)
         else:
             done["kept_bytes"] = transport.write_tree(Path(path), kept)
-        if req.get("check_previous") and args is not None and pristine is not None:
+        if req.check_previous and args is not None and pristine is not None:
             done["kept_intact"] = same_bytes(args, pristine)
         return done
 
@@ -155,12 +156,12 @@ class TimedSession:
             raise IndexError(f"no {kind} input set {index}")
         return group[index], None, ROTATED
 
-    def prepare(self, req: dict[str, Any]) -> dict[str, Any]:
+    def prepare(self, req: messages.TimePrepare | messages.TimeCall) -> dict[str, Any]:
         """The request before each timed call: hand over the previous call's output if it is judged, then draw
         this call's inputs into its buffers and wait for the device to finish drawing. Apart from the call's
         own request, so that the harness's clock around the call sees neither (the drawing and the writing
         of an output vary far more on a busy machine than the call's protocol does)."""
-        kind, index = req["kind"], int(req["set"])
+        kind, index = req.kind, req.set
         if kind not in KINDS:
             raise ValueError(f"unknown timing call kind {kind!r}")
         reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}
@@ -168,7 +169,7 @@ class TimedSession:
         if self.cuda:
             r0, r1 = _Event(enable_timing=True), _Event(enable_timing=True)
             _record(r0)
-        args, pristine, how = self._inputs(kind, index, req.get("fill"))
+        args, pristine, how = self._inputs(kind, index, dict(req.fill) if req.fill is not None else None)
         if self.clone:
             args = clone_tree(args)
         self.kept_args, self.kept_pristine = args, pristine
@@ -182,7 +183,7 @@ class TimedSession:
         reply.setdefault("refill_ms", reply["refill_host_ms"])
         return reply
 
-    def call(self, req: dict[str, Any]) -> dict[str, Any]:
+    def call(self, req: messages.TimeCall) -> dict[str, Any]:
         """One timed call on the inputs the last `prepare` drew. A call without its prepare is refused: it
         would run on the set as the previous call left it (unchanged inputs: a memo's hit), and the
         previous call's output would never be handed over."""
@@ -202,7 +203,7 @@ class TimedSession:
         elif self.cuda:
             assert self.flush is not None
             self.flush.zero_()
-            _cuda_sleep(spin_cycles(float(req.get("spin_us", 0.0))))
+            _cuda_sleep(spin_cycles(float(req.spin_us)))
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             t0 = _clock()
             device_barrier(self.device, self.token)
@@ -231,7 +232,7 @@ class TimedSession:
         issue = self.plain(out)
         self.kept, self.kept_issue = (snapshot(out), None) if issue is None else (None, issue)
 
-    def finish(self, req: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, req: messages.TimeEnd) -> dict[str, Any]:
         """Hand over the last kept output if asked; without recipes, fingerprints of every input set as timing
         left them (with recipes every call had new contents: judged calls' inputs were fingerprinted one by one)."""
         reply: dict[str, Any] = {"ok": True, **self._hand_over(req)}

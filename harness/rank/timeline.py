@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from harness.common import failures
 from harness.common.kernel_names import short_name
+from harness.common.messages import Profile
 from harness.common.seeds import TIMING_TRIAL_BASE
 from harness.common.spin import cycles as spin_cycles
 from harness.common.spin import spin_us
@@ -250,18 +251,17 @@ class StoreBarrier:
             time.sleep(0.0002)
 
 
-def profile_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
+def profile_in_worker(worker: Any, req: Profile) -> dict[str, Any]:
     """Op "profile": mode "timeline" (torch.profiler, summarised here) or "ncu" (plain iterations between
     cudaProfilerStart/Stop, for an Nsight Compute process wrapped around one rank)."""
-    problem = worker.problem(req["problem"])
-    shape = problem.shape(req["shape"])
-    fn = problem.solution if req.get("candidate") is None else worker.candidates[req["candidate"]].solution
-    warmup, iters = int(req.get("warmup", 3)), int(req.get("iters", 5))
-    mode = req.get("mode", "timeline")
+    problem = worker.problem(req.problem)
+    shape = problem.shape(req.shape)
+    fn = problem.solution if req.candidate is None else worker.candidates[req.candidate].solution
+    warmup, iters, mode = req.warmup, req.iters, req.mode
     cuda = worker.device.type == "cuda"
-    sets = [worker.inputs(problem, shape, int(req.get("seed", 0)), TIMING_TRIAL_BASE + i) for i in range(2)]
+    sets = [worker.inputs(problem, shape, req.seed, TIMING_TRIAL_BASE + i) for i in range(2)]
     try:
-        barrier = StoreBarrier(worker.world_size, str(req.get("tag", "0")))
+        barrier = StoreBarrier(worker.world_size, req.tag)
         enqueue = []
         for i in range(warmup):
             barrier.wait()

@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from harness.common import failures
+from harness.common.messages import Trace
 from harness.rank.candidate import trimmed_traceback
 
 MAX_RECORDS = 64  # collectives listed one by one in a reply; the per-kind totals always cover all of them
@@ -511,16 +512,16 @@ def trace_call(fn: Callable[..., Any], inputs: tuple[Any, ...], sync: Callable[[
     }
 
 
-def trace_in_worker(worker: Any, req: dict[str, Any]) -> dict[str, Any]:
-    """Op "trace": the reference at req["shape"] on the inputs of (seed, trial); warm-up call first.
-    req["flops"] = False skips the FLOP counter."""
-    problem = worker.problem(req["problem"])
-    shape = problem.shape(req["shape"])
-    inputs = worker.inputs(problem, shape, int(req.get("seed", 0)), int(req.get("trial", 0)))
+def trace_in_worker(worker: Any, req: Trace) -> dict[str, Any]:
+    """Op "trace": the reference at req.shape on the inputs of (seed, trial); warm-up call first.
+    req.flops = False skips the FLOP counter."""
+    problem = worker.problem(req.problem)
+    shape = problem.shape(req.shape)
+    inputs = worker.inputs(problem, shape, req.seed, req.trial)
     try:
         problem.solution(*_clone(inputs))  # lazy set-up (groups, communicators) stays out of the trace
         worker.sync()
-        traced = trace_call(problem.solution, inputs, worker.sync, bool(req.get("flops", True)))
+        traced = trace_call(problem.solution, inputs, worker.sync, req.flops)
     except Exception as exc:
         return {"ok": False, "verdict": failures.INFRA_ERROR,
                 "message": f"rank {worker.rank}: the reference raised {type(exc).__name__} while traced: {exc}"[:600],

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.common import channel, failures
+from harness.common import channel, failures, messages
 from harness.common.flags import SPAWNED_THREADS
 from harness.common.seeds import rank_seed
 from harness.emulation import collectives
@@ -43,10 +44,6 @@ from harness.rank.timed import TimedSession
 from harness.rank.tripwires import CollectiveMonitor, Guard, active_modes
 
 ROLES = ("trusted", "candidate")
-TRUSTED_OPS = ("ping", "validate", "trace", "profile", "ref_trials", "ref_sets", "time_begin", "time_prepare",
-               "time_call", "time_end")
-CANDIDATE_OPS = ("ping", "setup", "load_candidate", "call", "time_begin", "time_prepare", "time_call", "time_end",
-                 "profile")
 
 
 def _fail(verdict: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -120,53 +117,76 @@ class Worker:
             torch.cuda.synchronize(self.device)
 
     # -- requests -------------------------------------------------------------------------------
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        op = req["op"]
-        allowed = TRUSTED_OPS if self.role == "trusted" else CANDIDATE_OPS
-        if op not in allowed:
-            return _fail(failures.INFRA_ERROR, f"op {op!r} is not served by a {self.role} rank")
-        if op == "ping":
-            return {"ok": True}
-        if op == "validate":
-            return reference_side.validate(self, req)
-        if op == "ref_trials":
-            return reference_side.trials(self, req)
-        if op == "ref_sets":
-            return reference_side.timing_sets(self, req)
-        if op == "setup":
-            return candidate_side.setup(self, req)
-        if op == "load_candidate":
-            return candidate_side.load(self, req)
-        if op == "call":
-            return candidate_side.call(self, req)
-        if op == "time_begin":
-            if self.role == "trusted":
-                return reference_side.time_begin(self, req)
-            return candidate_side.time_begin(self, req)
-        if op in ("time_prepare", "time_call"):
-            if self.timing is None:
-                return _fail(failures.INFRA_ERROR, f"{op} before time_begin")
-            return self.timing.prepare(req) if op == "time_prepare" else self.timing.call(req)
-        if op == "time_end":
-            if self.timing is None:
-                return _fail(failures.INFRA_ERROR, "time_end before time_begin")
-            reply, self.timing = self.timing.finish(req), None
-            return reply
-        if op == "trace":  # the reference's collectives and FLOPs, for the roofline
-            from harness.rank import tracing  # deferred: only a trusted pool that traces loads it
-
-            return tracing.trace_in_worker(self, req)
-        if op == "profile":  # per-rank kernel timeline of reference or candidate
-            from harness.rank import timeline  # deferred: only a pool that profiles loads it
-
-            return timeline.profile_in_worker(self, req)
-        raise ValueError(f"unknown op {op!r}")
+    def handle(self, message: messages.Request) -> dict[str, Any]:
+        """Answer one typed request (harness.common.messages) by the handler its role's table names."""
+        handler = HANDLERS[self.role].get(message.op)
+        if handler is None:
+            return _fail(failures.INFRA_ERROR, f"op {message.op!r} is not served by a {self.role} rank")
+        try:
+            return handler(self, message)
+        except _OutOfOrder as err:
+            return _fail(failures.INFRA_ERROR, str(err))
 
     def thread_flags(self) -> list[str]:
         if not self.candidates:
             return []
         alive = {t.ident for t in threading.enumerate() if t.ident is not None}
         return [SPAWNED_THREADS] if alive - self.baseline_threads else []
+
+
+# -- the requests each role serves, and who answers them ----------------------------------------------
+def _ping(worker: Worker, message: messages.Ping) -> dict[str, Any]:
+    return {"ok": True}
+
+
+def _timing(worker: Worker, op: str) -> TimedSession:
+    if worker.timing is None:
+        raise _OutOfOrder(f"{op} before time_begin")
+    return worker.timing
+
+
+class _OutOfOrder(Exception):
+    """A timing request without its time_begin: the harness's own mistake."""
+
+
+def _time_prepare(worker: Worker, message: messages.TimePrepare) -> dict[str, Any]:
+    return _timing(worker, message.op).prepare(message)
+
+
+def _time_call(worker: Worker, message: messages.TimeCall) -> dict[str, Any]:
+    return _timing(worker, message.op).call(message)
+
+
+def _time_end(worker: Worker, message: messages.TimeEnd) -> dict[str, Any]:
+    reply, worker.timing = _timing(worker, message.op).finish(message), None
+    return reply
+
+
+def _trace(worker: Worker, message: messages.Trace) -> dict[str, Any]:
+    """The reference's collectives and FLOPs, for the roofline."""
+    from harness.rank import tracing  # deferred: only a trusted pool that traces loads it
+
+    return tracing.trace_in_worker(worker, message)
+
+
+def _profile(worker: Worker, message: messages.Profile) -> dict[str, Any]:
+    """A per-rank kernel timeline of the reference or the candidate."""
+    from harness.rank import timeline  # deferred: only a pool that profiles loads it
+
+    return timeline.profile_in_worker(worker, message)
+
+
+# Each handler takes the request class harness.common.messages.REQUESTS names for its op and role.
+Handler = Callable[[Worker, Any], dict[str, Any]]
+_TIMING: dict[str, Handler] = {"time_prepare": _time_prepare, "time_call": _time_call, "time_end": _time_end}
+HANDLERS: dict[str, dict[str, Handler]] = {
+    "trusted": {"ping": _ping, "validate": reference_side.validate, "trace": _trace, "profile": _profile,
+                "ref_trials": reference_side.trials, "ref_sets": reference_side.timing_sets,
+                "time_begin": reference_side.time_begin, **_TIMING},
+    "candidate": {"ping": _ping, "setup": candidate_side.setup, "load_candidate": candidate_side.load,
+                  "call": candidate_side.call, "time_begin": candidate_side.time_begin, "profile": _profile,
+                  **_TIMING},
+}
 
 
 def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
@@ -179,17 +199,27 @@ def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
     guard, violations, modes_active = worker.guard, Guard.violations, active_modes
     violations_code = violations.__code__
     while True:
-        req = requests.recv()
-        op = req.get("op")
-        if op == "exit":
+        try:
+            message, nonce = messages.parse_request(requests.recv(), worker.role)
+        except messages.ProtocolError as err:  # the judge sent it: the harness's own bug
+            message, nonce = None, ""
+            reply: dict[str, Any] = _fail(failures.INFRA_ERROR, f"rank {worker.rank}: bad request: {err}")
+        if isinstance(message, messages.Exit):
             break
+        op = message.op if message is not None else "?"
         started = time.perf_counter()
-        if op == "seal" and sealer is None and not worker.candidates:
-            sealer = channel.ReplySealer(req.pop("key"))
-            reply: dict[str, Any] = {"ok": True}
+        if message is None:
+            pass
+        elif isinstance(message, messages.Seal):
+            if sealer is None and not worker.candidates:
+                sealer = channel.ReplySealer(message.key)
+                reply = {"ok": True}
+            else:
+                reply = _fail(failures.INFRA_ERROR, f"rank {worker.rank}: the channel is sealed already")
+            message = None  # the key lives on in the sealer's MAC only
         else:
             try:
-                reply = worker.handle(req)
+                reply = worker.handle(message)
             except Exception as exc:
                 # On a trusted rank: a bug in a problem or the harness. On a candidate rank the judge
                 # decides what it was (a failure inside a call is reported by the call itself).
@@ -213,7 +243,6 @@ def serve(worker: Worker, requests: Connection, replies: Connection) -> None:
         reply["rank"] = worker.rank
         reply["seconds"] = time.perf_counter() - started
         if sealer is not None:
-            nonce = str(req.get("nonce", ""))
             try:
                 sealed = sealer.seal(reply, nonce)
             except (TypeError, ValueError) as exc:  # an op whose reply is not JSON: the harness's bug

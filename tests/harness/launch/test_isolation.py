@@ -658,7 +658,7 @@ def test_a_solution_saved_directly_in_tmp_is_judged(all_reduce, monkeypatch, san
 def test_memory_over_the_limit_is_caught_by_the_watchdog_without_a_cgroup(all_reduce, monkeypatch):
     """Where no cgroup can be made (an ordinary user, a container), the harness's watchdog reads the
     sandbox's memory from outside and ends it: the same verdict, naming the same limit."""
-    monkeypatch.setattr("harness.launch.pool.MemoryCgroup.create", lambda name, limit: None)
+    monkeypatch.setattr("harness.launch.spawn.MemoryCgroup.create", lambda name, limit: None)
     result = evaluate(all_reduce, EXPLOITS / "memory_hog.py", world_size=2,
                       config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), skip_timing=True),
                       integrity_config={"rank_memory_bytes": 1 << 30})

@@ -9,14 +9,14 @@ import ctypes
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.common import seeds
+from harness.common import messages, seeds
 from harness.common.integrity import IntegrityConfig
 from harness.config import TimingConfig
 from harness.judge import plausibility, timing
@@ -265,11 +265,13 @@ def test_a_timed_session_refills_the_same_buffers_and_hands_judged_calls_over(al
     replies = []
     for i in range(4):
         keep = tmp_path / f"kept-{i - 1}.bin" if i else None
-        replies.append(session.prepare({"kind": "timed", "set": i % 2, "fill": seeds.fill_recipe(5, 100 + i, 0),
-                                        "keep_previous": str(keep) if keep else None, "check_previous": bool(keep)}))
+        fill = cast(messages.Recipe, seeds.fill_recipe(5, 100 + i, 0))
+        replies.append(session.prepare(messages.TimePrepare(kind="timed", set=i % 2, fill=fill,
+                                                            keep_previous=str(keep) if keep else None,
+                                                            check_previous=bool(keep))))
         assert len(seen) == i  # preparing draws the inputs and hands over; only the call runs the candidate
-        assert session.call({"kind": "timed", "set": i % 2})["ms"] >= 0
-    end = session.finish({"keep_previous": str(tmp_path / "kept-3.bin"), "check_previous": True})
+        assert session.call(messages.TimeCall(kind="timed", set=i % 2))["ms"] >= 0
+    end = session.finish(messages.TimeEnd(keep_previous=str(tmp_path / "kept-3.bin"), check_previous=True))
     assert seen[0][:2] == seen[2][:2] and seen[1][:2] == seen[3][:2]  # the same objects, the same memory ...
     assert not torch.equal(seen[0][2], seen[2][2]) and not torch.equal(seen[1][2], seen[3][2])  # ... new contents
     for i in range(4):  # each call's input is exactly its recipe's draw, and its output copy is of that call
@@ -290,8 +292,10 @@ def test_a_timed_call_never_runs_on_inputs_it_did_not_refill(all_reduce, one_ran
     sets = [draw(seeds.fill_recipe(5, k, 0)) for k in range(2)]
     session = TimedSession(lambda x: x * 2, sets, [], CPU, plain=transport.describe_unsupported, draw=draw)
     with pytest.raises(RuntimeError, match="without its prepare"):
-        session.call({"kind": "timed", "set": 0})
+        session.call(messages.TimeCall(kind="timed", set=0))
     session.draw = None  # what a candidate that finds the session through gc can do
     with pytest.raises(RuntimeError, match="would not be refilled"):
-        session.prepare({"kind": "timed", "set": 0, "fill": seeds.fill_recipe(5, 100, 0)})
-    assert session.prepare({"kind": "timed", "set": 1})["refilled"] == "r"  # no recipe: rotated, and said so
+        fill = cast(messages.Recipe, seeds.fill_recipe(5, 100, 0))
+        session.prepare(messages.TimePrepare(kind="timed", set=0, fill=fill))
+    # no recipe: rotated, and said so
+    assert session.prepare(messages.TimePrepare(kind="timed", set=1))["refilled"] == "r"
