@@ -307,3 +307,39 @@ def test_a_real_extension_built_split_loads_and_behaves_the_same(tmp_path: Path,
     assert [r.binding for r in reports] == ["miss", "hit"] and reports[0].stored
     library = tmp_path / "split-2" / "split_demo" / "split_demo.so"
     assert stat.S_ISREG(library.stat().st_mode)
+
+
+def test_a_candidate_whose_build_is_cached_is_marked_a_cache_hit(tmp_path: Path):
+    """integrity.builds says per sample whether the compile stage built (miss) or took its cache entry (hit);
+    the stored entry itself carries no mark (what the trusted side wrote stays as it was)."""
+    from harness.compiling import compile as compiling
+
+    path = tmp_path / "cand.py"
+    path.write_text("from torch.utils.cpp_extension import load_inline\n\ndef solution(x):\n    return x\n")
+    entry = compiling.entry_for(path.read_bytes(), None)
+    entry.mkdir(parents=True)
+    stored = [{"name": "ext", "kind": "load_inline", "function": "solution", "line": 3, "seconds": 41.5, "ok": True}]
+    (entry / compiling.DONE).write_text(json.dumps(stored))
+    outcome = compiling.compile_candidate(path, 60.0, "cpu")
+    assert outcome.ok and outcome.cached and outcome.builds == [{**stored[0], "cache": "hit"}]
+    assert compiling.cached_builds(entry) == stored
+    assert compiling.with_cache(stored, compiling.MISS)[0]["cache"] == "miss"
+
+
+def test_the_report_shows_each_problems_build_time_and_cache_hits():
+    from agent.report.build import build_stage
+    from agent.report.rows import _problem_cell
+
+    class Sample:
+        def __init__(self, problem: str, compile_s: float, cache: str | None) -> None:
+            self.record = type("R", (), {"problem": problem})()
+            builds = [{"name": "ext", "cache": cache}] if cache else []
+            self.result = {"stages": {"compile": compile_s}, "integrity": {"builds": builds} if builds else {}}
+
+    samples = [Sample("p", 90.0, "miss"), Sample("p", 0.0, "hit"), Sample("p", 12.0, "hit"), Sample("q", 1.0, None)]
+    summary = build_stage(samples, "p")  # type: ignore[arg-type]
+    assert summary == {"median_s": 12.0, "native": 3, "cached": 2}
+    cell = _problem_cell({"verdicts": {"correct": 3}, "correct": 3, "n": 3, "pass_at_k": 1.0, "best_speedup": 1.2,
+                          "build": summary}, None, 1, "cuda", None)
+    assert cell.endswith("; build 12 s median, 2/3 cached")
+    assert build_stage(samples, "q") == {"median_s": 1.0, "native": 0, "cached": 0}
