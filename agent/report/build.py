@@ -207,10 +207,23 @@ def _arm_metrics(arm: Arm, k: int, seed: int, resamples: int) -> dict[str, Any]:
              "pass_at_1": s.pass_at(1), "pass_at_k": s.pass_at(k) if s.n >= k else None,
              "fast_1_at_k": s.fast_at(1.0, k) if s.n >= k and measured else None,
              "best_speedup": max(s.speedups) if s.speedups and measured else None,
-             "verdicts": dict(sorted(Counter(s.verdicts).items()))}
+             "verdicts": dict(sorted(Counter(s.verdicts).items())),
+             "build": build_stage(arm.samples, s.problem)}
             for s in arm.scores
         ],
     }
+
+
+def build_stage(samples: Sequence[Sample], problem: str) -> dict[str, Any] | None:
+    """A problem's compile stage over its samples: the median seconds, and how many samples' native builds
+    came from the compile stage's cache (integrity.builds, each marked by harness.compiling.compile)."""
+    results = [s.result for s in samples if s.record.problem == problem and s.result]
+    seconds = sorted(float(r["stages"]["compile"]) for r in results if "compile" in (r.get("stages") or {}))
+    builds = [b for r in results if (b := (r.get("integrity") or {}).get("builds"))]
+    if not seconds:
+        return None
+    return {"median_s": seconds[len(seconds) // 2], "native": len(builds),
+            "cached": sum(all(x.get("cache") == "hit" for x in b) for b in builds)}
 
 
 def arm_key(arm: Arm) -> compare.ArmKey:

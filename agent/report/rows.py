@@ -209,6 +209,8 @@ def _problem_cell(p: dict[str, Any] | None, excluded: dict[str, Any] | None, k: 
     best = "speed not measured" if not_measured else f"best {fmt_arm_speedup(p['best_speedup'], device)}"
     text = f"{p['correct']}/{p['n']} correct; pass@{k} {fmt_num(p['pass_at_k'])}; {best}"
     text += f"; {failing}" if failing else ""
+    if build := p.get("build"):  # the compile stage: median seconds, native builds taken from the cache
+        text += f"; build {fmt_seconds(build['median_s'])} median, {build['cached']}/{build['native']} cached"
     return text + (f"; left out ({excluded['reason']})" if excluded else "")
 
 

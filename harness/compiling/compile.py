@@ -68,6 +68,7 @@ from harness.records.cache_dir import cache_root
 
 MAX_ERROR_CHARS = 3000
 DONE = ".pkb-build-done"  # written into a cache entry once it is complete
+HIT, MISS = "hit", "miss"  # a build's "cache" mark in the result's integrity.builds
 HELPER_OUTPUT_CAP = 64 << 20  # bytes a build helper (candidate code included) may print
 REPORT_CAP = RESULT_CAP + 256  # the helper's report: its child's result, the marker and the nonce
 HELPER_OUTPUT_KEPT = 256 << 10  # of which the tail is kept: the compiler's errors and the helper's result
@@ -257,11 +258,12 @@ def compile_candidate(path: Path, timeout: float, device: str, *, problem: str |
     entry = entry_for(raw, problem)
     cached = cached_builds(entry)
     if cached is not None:
-        return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=cached)
+        return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=with_cache(cached, HIT))
     with BUILD_SLOTS.shared() as hold:
         cached = cached_builds(entry)  # another evaluation may have built it while this one waited
         if cached is not None:
-            return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True, builds=cached)
+            return CompileOutcome(True, 0.0, native=True, extensions=entry, cached=True,
+                                  builds=with_cache(cached, HIT))
         outcome = _build_failing_closed(path, raw, entry, timeout, device, problem, limits)
     if not (outcome.timed_out and hold.beside):
         return outcome
@@ -393,7 +395,15 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
         if cgroup is not None:
             cgroup.remove()
         remove_private(folder)
-    return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry, builds=builds)
+    return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry,
+                          builds=with_cache(builds, MISS))
+
+
+def with_cache(builds: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:
+    """The builds, each marked with whether the compile stage took it from its cache ("hit": this very source
+    was built before, nothing compiled) or built it now ("miss"); the mark is the trusted side's, set after
+    the helper's report was read (and after the entry was stored: a stored entry carries no mark)."""
+    return [{**b, "cache": state} for b in builds]
 
 
 def cached_builds(entry: Path) -> list[dict[str, Any]] | None:
