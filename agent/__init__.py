@@ -1,1 +1,4 @@
-"""The agent: LangGraph loop, model providers, budgets, the experiment runner and the `pkb` CLI."""
+"""The agent: LangGraph loop, model providers, budgets, the experiment runner and the `pkb` CLI.
+
+May import: tools, prompts, harness, problems.
+"""

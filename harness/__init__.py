@@ -1,2 +1,5 @@
 """The scoring engine. Kept import-light: the per-rank worker imports modules from here with torch and
-the standard library only (no pydantic, no rich)."""
+the standard library only (no pydantic, no rich).
+
+May import: problems.
+"""

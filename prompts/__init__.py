@@ -12,6 +12,8 @@ and example file is hashed into each run record (`hashes()`), so two runs' promp
   answer format.
 - `extract_code(reply)` (prompts.replies): the candidate file in a model's text reply.
 - prompts.templates: the files, loading, substitution, hashes; prompts.guide: guide.md and tools.md by section.
+
+May import: harness, problems.
 """
 
 from prompts.guide import GuideSection, arg_descriptions, guide_sections, guide_text, tool_descriptions

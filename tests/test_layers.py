@@ -6,19 +6,29 @@ every import of our own code inside a function says in a comment why it is defer
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("agent", "tools", "prompts", "harness", "problems")
-# What each package may import of the others (a package may always import itself).
-ALLOWED = {
-    "agent": {"tools", "prompts", "harness", "problems"},
-    "tools": {"prompts", "harness", "problems"},
-    "prompts": {"harness", "problems"},
-    "harness": {"problems"},
-    "problems": set(),
-}
+# The folders whose imports are ruled: each says in its __init__'s docstring what it may import, on a line
+# "May import: a, b." (names of the level above it: packages, or harness's folders and top modules).
+HARNESS_FOLDERS = ("common", "compiling", "emulation", "judge", "launch", "measure", "problems", "rank", "records")
+_MAY_IMPORT = re.compile(r"^May import: (.+?)\.$", re.MULTILINE | re.DOTALL)
+
+
+def may_import(folder: Path) -> set[str]:
+    """What a folder's __init__ docstring says it may import ("nothing of ours ..." is the empty set)."""
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    found = _MAY_IMPORT.search(doc)
+    assert found, f"{folder.relative_to(REPO)}/__init__.py: its docstring has no 'May import: ...' line"
+    said = " ".join(found.group(1).split())
+    return set() if said.startswith("nothing of ours") else {name.strip() for name in said.split(",")}
+
+
+# What each package may import of the others (a package may always import itself), as its docstring says.
+ALLOWED = {package: may_import(REPO / package) for package in PACKAGES}
 
 
 def module_files() -> dict[str, Path]:
@@ -175,6 +185,22 @@ def test_the_harness_folders_import_each_other_without_a_cycle():
                 f for f in map(harness_folder, targets) if f is not None and f != here)
     assert "harness.common" in folders and not folders["harness.common"]  # common imports no other folder
     assert find_cycle(folders) is None, " -> ".join(find_cycle(folders) or [])
+
+
+def test_each_harness_folder_imports_only_what_its_docstring_says():
+    """docs/design.md's folder picture, kept true: a folder's imports of the others are the ones its __init__
+    names (a module at harness/'s top, such as cancel or config, counts as a folder of its own)."""
+    declared = {f"harness.{f}": {f"harness.{n}" for n in may_import(REPO / "harness" / f)} for f in HARNESS_FOLDERS}
+    undeclared = []
+    for module, targets in graph().items():
+        here = harness_folder(module)
+        if here in declared:
+            reached = {f for f in map(harness_folder, targets) if f is not None and f != here}
+            undeclared += [f"{module} imports {t}" for t in sorted(reached - declared[here])]
+    assert not undeclared, undeclared
+    names = {p.name for p in (REPO / "harness").iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"}
+    for folder, allowed in declared.items():  # a name that is no folder or module of harness/ is a typo
+        assert {n.split(".")[1] for n in allowed} <= {n.removesuffix(".py") for n in names}, folder
 
 
 def test_the_graph_is_read():

@@ -10,4 +10,6 @@ processes), and renders a short answer bounded by a token budget, keeping the st
 - .langchain_tools: the tools as LangChain tool objects, for `bind_tools`.
 
 This package's __init__ imports nothing: tools.specs is read without the harness.
+
+May import: prompts, harness, problems.
 """

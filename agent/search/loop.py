@@ -3,9 +3,10 @@
 Slots 0, 1, 2, ... are decided in order by this thread. Deciding slot g reads only the candidates of slots
 below g - window + 1 (it first waits until those are evaluated), so every decision, and with a seeded
 model every proposal, is a function of the seed and of those results alone, never of which evaluation
-happened to finish first. Deciding means: record the stops that are now due (agent.search.stopping), pick
-the problem (agent.search.budget: warm-up, then the largest gap), make the island migrations that are due,
-and pick the parent(s) (agent.search.strategies), with a random.Random seeded by the run's seed and g.
+happened to finish first. Deciding (agent.search.decide) means: record the stops that are now due
+(agent.search.stopping), pick the problem (agent.search.budget: warm-up, then the largest gap), make the
+island migrations that are due, and pick the parent(s) (agent.search.strategies), with a random.Random
+seeded by the run's seed and g. Each problem's roofline bound is measured once first (agent.search.bounds).
 
 Each decided slot then runs in a worker thread: the model call (agent.search.proposer; never inside a
 device lease), the candidate written to the run folder, the evaluation (agent.search.scoring, through the
@@ -17,20 +18,17 @@ deterministic evaluator give the same archive however often the search is killed
 (tests/agent/search/test_search_kill.py).
 
 When no problem is left active (or the search budget is spent), the loop waits for what is in flight,
-then re-measures the `remeasure_top` best distinct trusted kernels of each problem (agent.remeasure, the
-function `pkb rescore` calls too): `remeasure` fresh evaluations each, on fresh seeds, the reference timed
-beside each, the held-out shapes checked. Only a kernel trusted on every round can be reported as a
+then (agent.search.final) re-measures the `remeasure_top` best distinct trusted kernels of each problem
+(agent.remeasure, the function `pkb rescore` calls too): `remeasure` fresh evaluations each, on fresh seeds,
+the reference timed beside each, the held-out shapes checked. Only a kernel trusted on every round can be reported as a
 problem's best, and of those the one with the best re-measured median is (agent.search.summary).
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -42,24 +40,19 @@ from agent import interrupts
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor, as_evaluate
 from agent.executors.local import LocalExecutor
-from agent.remeasure import Round
 from agent.rundir import write_text_atomic
 from agent.scheduler import DeviceScheduler
-from agent.search import budget, episode, stopping, strategies
+from agent.search import bounds, episode, stopping
 from agent.search.archive import DECIDED, EVALUATED, PROPOSED, Archive, Candidate
 from agent.search.config import SearchConfig
+from agent.search.decide import decide
+from agent.search.final import FinalRemeasure
 from agent.search.layout import SearchDir
-from agent.search.proposer import FatalModelError, Proposal, Proposer, TransientModelError, derived_seed
+from agent.search.proposer import FatalModelError, Proposal, Proposer, TransientModelError
 from agent.search.scoring import (
-    SEARCH_REMEASURE,
     EvaluateFn,
-    bound_of,
     bound_on_node,
     outcome,
-    remeasure_kernel,
-    remeasure_seeds,
-    rescore_row,
-    round_of,
     score,
     trusted,
     unevaluated,
@@ -67,7 +60,6 @@ from agent.search.scoring import (
 from agent.usage import PriceTable
 from harness import cancel
 from harness.problems.problem import Problem
-from harness.records.results import EvalResult
 
 OUTAGE_WAIT_S = 1800.0  # how long a slot waits for a provider that is down before the search stops
 OUTAGE_PAUSES_S = (5.0, 15.0, 60.0, 300.0)  # between attempts, the last one repeated
@@ -100,6 +92,24 @@ def search_stop_reason(archive: Archive) -> str:
     reasons = [s.reason for s in archive.stops().values()]
     spent = sorted({r for r in reasons if r.startswith(stopping.SEARCH_BUDGET)})
     return spent[0] if spent else stopping.ALL_STOPPED
+
+
+def propose_waiting(propose: Callable[[], Proposal], outage_wait_s: float, aborted: Callable[[], bool],
+                    sleep: Callable[[float], None], log: Any) -> Proposal:
+    """The model's answer; a provider that is down is waited for, up to `outage_wait_s` in all (and not once
+    the search is being stopped)."""
+    waited = 0.0
+    pauses = list(OUTAGE_PAUSES_S)
+    while True:
+        try:
+            return propose()
+        except TransientModelError as err:
+            pause = pauses.pop(0) if len(pauses) > 1 else pauses[0]
+            if waited + pause > outage_wait_s or aborted():
+                raise
+            log.warning("provider_down", error=str(err), waited_s=waited, pause_s=pause)
+            sleep(pause)  # cancel.sleep: Ctrl-C ends the pause at once (Cancelled)
+            waited += pause
 
 
 class Search:
@@ -144,7 +154,7 @@ class Search:
         self._session = 0
         self._session_started = 0.0
         self._before_s = 0.0
-        self._rescoring: list[Future[None]] = []
+        self._remeasure: FinalRemeasure | None = None
         # Called at once on Ctrl-C with the number of running slots, before they are stopped (the CLI says so).
         self.on_interrupt: Callable[[int], None] | None = None
 
@@ -173,7 +183,9 @@ class Search:
         left = 0  # slots still running after Ctrl-C (in a model call)
         try:
             self.proposer.log = self.log
-            self._bounds()
+            bounds.record_bounds(archive, self.problems, self.order, self.bound_fn, self.log)
+            self._remeasure = FinalRemeasure(archive, self.config, self.evaluate, self.problems, self._written,
+                                             self.bound, self._after_round, self.log)
             unfinished = [c.id for c in archive.candidates() if c.status != EVALUATED]
             self.log.info("search_started", run_id=self.directory.path.name, strategy=self.config.strategy.name,
                           window=self.window, executor=self.executor.name, capacity=self.capacity(),
@@ -190,7 +202,8 @@ class Search:
                 self._changed()
             self._drain(in_flight, below=None)
             if self._abort is None:
-                self._rescore(pool)
+                self._remeasure.run(pool, self.order)
+                self._errors += self._remeasure.errors
             elif self._abort != INTERNAL_ERROR:
                 archive.set_meta("stop_reason", self._abort)
             reason = self._abort or search_stop_reason(archive)
@@ -205,7 +218,7 @@ class Search:
             archive.set_meta("stop_reason", stopping.INTERRUPTED)
             self._heartbeat()
             interrupted = True
-            futures = [*in_flight.values(), *self._rescoring]
+            futures = [*in_flight.values(), *(self._remeasure.futures if self._remeasure else [])]
             busy = interrupts.interrupted(futures)
             if self.on_interrupt is not None:
                 self.on_interrupt(busy)
@@ -273,87 +286,15 @@ class Search:
         return self.executor.run_on_devices(c.world_size, c.device, bound_on_node, problem, c.shape, c.world_size,
                                             c.device)
 
-    def _bounds(self) -> None:
-        assert self.archive is not None
-        known = self.archive.bounds()
-        for name in self.order:
-            if name in known:
-                continue
-            cancel.check()  # Ctrl-C between problems' bounds (agent.interrupts polls, it raises nothing here)
-            try:
-                record = self.bound_fn(self.problems[name])
-                bound_ms, binding = bound_of(record)
-                detail = {k: record.get(k) for k in ("traffic_source", "link_s", "hbm_s", "compute_s", "send_bytes",
-                                                     "recv_bytes", "hbm_bytes", "flops", "notes")}
-            except Exception as err:  # a problem without a bound is still searched, by speedup alone
-                bound_ms, binding, detail = None, None, {"error": f"{type(err).__name__}: {err}"[:1000]}
-            self.archive.set_bound(name, bound_ms, binding, detail)
-            self.log.info("roofline_bound", problem=name, bound_ms=bound_ms, binding=binding,
-                          error=detail.get("error"))
-
     def bound(self, problem: str) -> tuple[float | None, str | None]:
         assert self.archive is not None
-        found = self.archive.bounds().get(problem)
-        return (found[0], found[1]) if found else (None, None)
+        return bounds.bound(self.archive, problem)
 
-    # -- deciding -----------------------------------------------------------------------------------------
+    # -- deciding (agent.search.decide) --------------------------------------------------------------------
     def _decide(self, slot: int) -> bool:
         """Decide slot `slot`; False when the search is over."""
-        archive = self.archive
-        assert archive is not None
-        c = self.config
-        visible = archive.candidates(upto=slot - self.window + 1)
-        decided = archive.candidates(upto=slot)
-        stops = archive.stops()
-        active = [p for p in self.order if p not in stops]
-        total = budget.spent(decided, visible, self.elapsed_s())
-        kind = budget.reached(c.budget, total)
-        if kind is not None:
-            for name in active:
-                archive.stop(name, f"{stopping.SEARCH_BUDGET}:{kind}", slot,
-                             {"limit": c.budget.given()[kind], "spent": total.amount(kind)})
-                self.log.info("problem_stopped", problem=name, reason=f"{stopping.SEARCH_BUDGET}:{kind}", slot=slot)
-            return False
-        for name in active:
-            mine = [x for x in visible if x.problem == name]
-            mine_decided = [x for x in decided if x.problem == name]
-            wall = self._problem_seconds(name, slot)
-            decision = stopping.problem_stop(mine, c.stop, c.per_problem, budget.spent(mine_decided, mine, wall))
-            if decision is not None:
-                archive.stop(name, decision.reason, slot, decision.detail)
-                self.log.info("problem_stopped", problem=name, reason=decision.reason, slot=slot, **decision.detail)
-        stops = archive.stops()
-        active = [p for p in self.order if p not in stops]
-        if not active:
-            return False
-        counts = Counter(x.problem for x in decided)
-        gaps = {name: budget.gap([x for x in visible if x.problem == name]) for name in active}
-        problem = budget.choose_problem(active, dict(counts), gaps, c.warmup)
-        seq = counts[problem]
-        mine = [x for x in visible if x.problem == problem]
-        # Only migrations of earlier slots decide this slot's: a killed attempt at this very slot may have
-        # recorded some of them already.
-        before = [m for m in archive.migrants(problem) if m[2] < slot]
-        moves = strategies.migrations(c.strategy, seq, mine, before)
-        for to_island, candidate in moves:
-            archive.add_member(problem, to_island, candidate, slot)
-        migrants = before + [(to_island, candidate, slot) for to_island, candidate in moves]
-        uses = Counter(x.parents[0] for x in decided if x.problem == problem and x.parents)
-        rng = random.Random(derived_seed(c.seed, slot, "select"))
-        choice = strategies.choose(c.strategy, seq, mine, uses, migrants, rng)
-        archive.decide(slot, problem, seq, choice.island, choice.parents, c.strategy.name, choice.why)
-        self.log.info("decided", slot=slot, problem=problem, seq=seq, island=choice.island, parents=choice.parents,
-                      **{k: v for k, v in choice.why.items() if k in ("mode", "reason")})
-        return True
-
-    def _problem_seconds(self, problem: str, slot: int) -> float:
-        """Seconds the problem's candidates spent in model calls and evaluations (its wall-clock budget)."""
-        if self.config.per_problem.wall_hours is None:
-            return 0.0  # read only when that limit is set: it depends on the clock
         assert self.archive is not None
-        rows = [r for r in self.archive.rows(("id", "problem", "model_s", "eval_s"))
-                if r["problem"] == problem and r["id"] < slot]
-        return sum(float(r["model_s"] or 0.0) + float(r["eval_s"] or 0.0) for r in rows)
+        return decide(self.archive, self.config, self.order, slot, self.elapsed_s(), self.log)
 
     # -- one slot -----------------------------------------------------------------------------------------
     def _work(self, slot: int) -> None:
@@ -366,7 +307,8 @@ class Search:
             parents = [p for p in (archive.candidate(i) for i in c.parents) if p is not None]
             visible = archive.candidates(c.problem, upto=slot - self.window + 1)
             messages = proposer.messages(c.problem, parents, visible, self.bound(c.problem))
-            proposal = self._propose(slot, messages, c.problem, log)
+            proposal = propose_waiting(partial(proposer.propose, slot, messages, c.problem), self.outage_wait_s,
+                                       lambda: self._abort is not None, self.sleep, log)
             self._record_proposal(slot, c, proposal)
             log.info("proposed", has_code=proposal.source is not None, input_tokens=proposal.input_tokens,
                      output_tokens=proposal.output_tokens, model_s=round(proposal.model_s, 3))
@@ -376,21 +318,6 @@ class Search:
         if c.status == PROPOSED:
             self._evaluate(slot, c, log)
             self._changed()
-
-    def _propose(self, slot: int, messages: list[Any], problem: str, log: Any) -> Proposal:
-        """The model's answer; a provider that is down is waited for, up to outage_wait_s in all."""
-        waited = 0.0
-        pauses = list(OUTAGE_PAUSES_S)
-        while True:
-            try:
-                return self.proposer.propose(slot, messages, problem)
-            except TransientModelError as err:
-                pause = pauses.pop(0) if len(pauses) > 1 else pauses[0]
-                if waited + pause > self.outage_wait_s or self._abort is not None:
-                    raise
-                log.warning("provider_down", error=str(err), waited_s=waited, pause_s=pause)
-                self.sleep(pause)  # cancel.sleep: Ctrl-C ends the pause at once (Cancelled)
-                waited += pause
 
     def _record_proposal(self, slot: int, c: Candidate, proposal: Proposal) -> None:
         assert self.archive is not None
@@ -423,63 +350,10 @@ class Search:
                  flags=scored.result.flags, trusted=trusted(scored.result), seconds=round(scored.seconds, 3),
                  stages=scored.result.stages)
 
-    # -- re-measuring -------------------------------------------------------------------------------------
-    def rescore_seeds(self) -> list[int]:
-        """Fresh seeds: inputs no evaluation of the search drew (their feedback never reached the model)."""
-        return remeasure_seeds(self.config, SEARCH_REMEASURE)
-
-    def _rescore(self, pool: ThreadPoolExecutor) -> None:
-        seeds = self.rescore_seeds()
-        futures = {name: pool.submit(self._rescore_problem, name, seeds) for name in self.order}
-        self._rescoring = list(futures.values())  # what Ctrl-C has to stop
-        for name, future in futures.items():
-            while not future.done():  # polled, so that Ctrl-C (agent.interrupts) is noticed while it runs
-                cancel.check()
-                wait([future], timeout=interrupts.CANCEL_POLL_S)
-            try:
-                future.result()
-            except Exception as err:
-                self.log.error("rescore_crashed", problem=name, error=f"{type(err).__name__}: {err}",
-                               traceback=traceback.format_exc())
-                self._errors.append(f"rescore {name}: {type(err).__name__}: {err}")
-
-    def _rescore_problem(self, name: str, seeds: list[int]) -> None:
-        """The `remeasure_top` best distinct trusted kernels by the search's own figure, each re-measured on every
-        fresh seed and the held-out shapes (agent.remeasure; a kernel's remaining seeds are skipped once one is
-        not trusted): the one reported is chosen on these fresh measurements (agent.search.summary), never on
-        the search's own, which favour whichever kernel was timed at a lucky moment."""
-        archive = self.archive
-        assert archive is not None
-        ranked = sorted(strategies.trusted(archive.candidates(name)), key=strategies.rank_key, reverse=True)
-        done: dict[int, dict[int, Round]] = {}
-        for r in archive.rescores(name):
-            done.setdefault(r.candidate, {})[r.seed] = round_of(r, self.config.device)
-        seen: set[str] = set()
-        picked = []
-        for c in ranked:
-            digest = hashlib.sha256((c.source or "").encode()).hexdigest()
-            if digest not in seen:
-                seen.add(digest)
-                picked.append(c)
-            if len(picked) == self.config.remeasure_top:
-                break
-        for c in picked:
-            measured = remeasure_kernel(self.config, self.evaluate, self.problems[name], self._written(c), seeds,
-                                        done=done.get(c.id), on_round=partial(self._record_round, c), log=self.log)
-            if measured.confirmed:
-                self.log.info("rescored", problem=name, candidate=c.id, seeds=seeds, search_speedup=c.speedup,
-                              remeasured=measured.record()["speedup"])
-            else:
-                last = measured.rounds[-1]
-                self.log.warning("rescore_failed", problem=name, candidate=c.id, seed=last.seed, verdict=last.verdict)
+    def _after_round(self) -> None:
+        self._heartbeat()
+        self._changed()
 
     def _written(self, c: Candidate) -> Path:
         assert c.source is not None
         return self.directory.written(c.problem, c.id, c.source)
-
-    def _record_round(self, c: Candidate, found: Round, result: EvalResult) -> None:
-        assert self.archive is not None
-        self.archive.add_rescore(rescore_row(c.problem, c.id, found, self.bound(c.problem), result),
-                                 eval_s=found.seconds, result=result.model_dump_json())
-        self._heartbeat()
-        self._changed()

@@ -18,6 +18,7 @@ passes in, seeded by the run's seed and the candidate's slot.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections import Counter
@@ -77,6 +78,21 @@ def trusted(candidates: list[Candidate]) -> list[Candidate]:
 def best(candidates: list[Candidate]) -> Candidate | None:
     pool = trusted(candidates)
     return max(pool, key=rank_key) if pool else None
+
+
+def best_distinct(candidates: list[Candidate], top: int) -> list[Candidate]:
+    """The `top` best trusted candidates by the search's own figure, one per distinct source (the kernels the
+    search re-measures before it reports one)."""
+    seen: set[str] = set()
+    picked: list[Candidate] = []
+    for c in sorted(trusted(candidates), key=rank_key, reverse=True):
+        digest = hashlib.sha256((c.source or "").encode()).hexdigest()
+        if digest not in seen:
+            seen.add(digest)
+            picked.append(c)
+        if len(picked) == top:
+            break
+    return picked
 
 
 def _draw(pool: list[Candidate], uses: Counter[int], config: StrategyConfig, rng: random.Random) -> Candidate:

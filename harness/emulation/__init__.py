@@ -11,6 +11,8 @@ On the trusted side, `harness.emulation.errors` (no torch needed) recognises ref
 (`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs. Multicast is
 emulated without multicast: `multimem_rewrite` (pure Python) turns multimem instructions into unicast
 accesses, `build_hook` applies it where torch builds, `multimem_scan` checks the binaries.
+
+May import: common.
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""The judge: every comparison, flag and verdict, computed in processes that never import candidate code."""
+"""The judge: every comparison, flag and verdict, computed in processes that never import candidate code.
+
+May import: common, compiling, config, launch, problems, rank, records.
+"""

@@ -1,2 +1,5 @@
 """Problems: loading one (this suite's modules or a ParallelKernelBench checkout), the registry of
-names, and validating a problem's reference against its oracle."""
+names, and validating a problem's reference against its oracle.
+
+May import: common, emulation, launch, records.
+"""

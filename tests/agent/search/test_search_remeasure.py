@@ -166,7 +166,7 @@ def test_the_search_re_measures_its_top_kernels_k_times_on_both_shapes(tmp_path:
     recorder = Recorder()
     search, directory = make(tmp_path, suite, "s", recorder, remeasure=4, remeasure_top=2)
     search.run()
-    seeds = search.rescore_seeds()
+    seeds = remeasure_seeds(search.config, SEARCH_REMEASURE)  # what agent.search.final drew
     with Archive(directory.archive) as a:
         rescores = a.rescores()
     per_kernel: dict[tuple[str, int], list[int]] = {}
