@@ -114,8 +114,10 @@ def _failure(tmp_path, scenario: str) -> dict:
 
 def test_a_peer_that_dies_is_a_clear_error_not_a_timeout_and_no_socket_is_left(tmp_path):
     seen = _failure(tmp_path, "peer_dies")
+    # PeerGone, not the group's timeout (a RuntimeError "... within 3 s", the next test): the death was seen, not
+    # waited out (no clock asserted here: how soon it is seen belongs to benchmarks)
     assert seen["error"].startswith("PeerGone") and "rank 1" in seen["error"], seen
-    assert seen["seconds"] < 3.0, seen  # the group's timeout is 3 s: the death was seen, not waited out
+    assert "within 3 s" not in seen["error"], seen
     assert seen["sockets_left"] <= 0, seen
 
 
