@@ -133,12 +133,15 @@ def build_mark(builds: Any) -> str | None:
     return "+".join(marks) if marks else None
 
 
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def check_record(step: int, wall_s: float, record: dict[str, Any]) -> Check:
     """A Check from the tool's saved record (candidates/NNN.json: the answer's `data`, the EvalResult within)."""
-    data = record.get("data") if isinstance(record.get("data"), dict) else {}
-    result = data.get("result") if isinstance(data.get("result"), dict) else {}
-    stages = result.get("stages") if isinstance(result.get("stages"), dict) else {}
-    integrity = result.get("integrity") if isinstance(result.get("integrity"), dict) else {}
+    data = _object(record.get("data"))
+    result = _object(data.get("result"))
+    stages, integrity = _object(result.get("stages")), _object(result.get("integrity"))
     compile_s = stages.get("compile")
     builds = integrity.get("builds")
     return Check(step=step, wall_s=round(wall_s, 3),
@@ -219,7 +222,8 @@ def table(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--problems", nargs="+", default=["all_reduce", "all_gather"], choices=sorted(CANDIDATES["cuda"]))
+    parser.add_argument("--problems", nargs="+", default=["all_reduce", "all_gather"],
+                        choices=sorted(CANDIDATES["cuda"]))
     parser.add_argument("--edits", type=int, default=5)
     parser.add_argument("--shape", default=None, help="default: decode on cuda, small on cpu")
     parser.add_argument("--world-size", type=int, default=2)
