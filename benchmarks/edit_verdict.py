@@ -34,6 +34,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tools.build_note import binding_marks, build_records
+
 TEMPLATES = Path(__file__).with_name("edit_candidates")
 # problem -> template, per device: the CUDA pair on symmetric memory, and the dry run's PyTorch-only pair.
 CANDIDATES = {
@@ -114,23 +116,14 @@ def _events(path: Path, problem: str) -> list[dict[str, Any]]:
 
 
 def binding_mark(builds: Any) -> str | None:
-    """The binding-unit cache marks of a result's integrity.builds, read defensively: the field may be missing
-    (older records, builds that are not split), at the top of a build's record or in a nested report."""
-    marks: list[str] = []
-    for build in builds if isinstance(builds, list) else []:
-        if not isinstance(build, dict):
-            continue
-        nested = [v.get("binding_cache") for v in build.values() if isinstance(v, dict)]
-        for mark in [build.get("binding_cache"), *nested]:
-            if isinstance(mark, str) and mark not in marks:
-                marks.append(mark)
-    return "+".join(marks) if marks else None
+    """The binding unit's cache marks (tools.build_note reads them defensively: the field may be missing)."""
+    return "+".join(binding_marks(builds)) or None
 
 
 def build_mark(builds: Any) -> str | None:
-    marks = sorted({b["cache"] for b in builds if isinstance(b, dict) and isinstance(b.get("cache"), str)}) \
-        if isinstance(builds, list) else []
-    return "+".join(marks) if marks else None
+    """The compile stage's own cache marks: "hit" (this very source built before) or "miss"."""
+    marks = sorted({b["cache"] for b in build_records(builds) if isinstance(b.get("cache"), str)})
+    return "+".join(marks) or None
 
 
 def _object(value: Any) -> dict[str, Any]:
