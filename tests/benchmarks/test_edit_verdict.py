@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils import cpp_extension
 
 from benchmarks import edit_verdict as ev
 from problems.collective import all_gather, all_reduce
@@ -69,7 +70,9 @@ def test_cuda_units_compile_with_nvcc(problem: str, tmp_path: Path) -> None:
     for n, source in enumerate((first, last)):
         unit = tmp_path / f"v{n}.cu"
         unit.write_text(_strings(source)["CUDA_SRC"])
-        built = subprocess.run([str(NVCC), "-c", "-arch=sm_90", "-O3", str(unit), "-o", str(tmp_path / f"v{n}.o")],
+        # torch's own nvcc flags (no implicit bf16 conversions or operators), as load_inline passes them
+        flags = [*cpp_extension.COMMON_NVCC_FLAGS, "-std=c++17", "-Xcompiler", "-fPIC", "-arch=sm_90", "-O3"]
+        built = subprocess.run([str(NVCC), "-c", *flags, str(unit), "-o", str(tmp_path / f"v{n}.o")],
                                capture_output=True, text=True, check=False)
         assert built.returncode == 0, built.stderr[-2000:]
 
