@@ -1,7 +1,7 @@
 """Edit -> verdict: an agent-like sequence through the real agent loop, a candidate then edits to its kernel only.
 
     python -m benchmarks.edit_verdict [--device cuda|cpu] [--problems all_reduce all_gather] [--edits 5]
-        [--shape NAME] [--world-size 2] [--ranks-per-gpu 2] [--out DIR]
+        [--shape NAME] [--world-size 2] [--ranks-per-gpu 2] [--out DIR] [--warm-cache]
     python -m benchmarks.edit_verdict --read OUT/runs [--problems ...]   # the table of runs already made
 
 For each problem a scripted model (agent/scripted.py) calls check(v0), check(v1) ... check(vN), then submits vN,
@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import string
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.records.cache_dir import ENV_VAR as CACHE_ENV
 from tools.build_note import binding_marks, build_records
 
 TEMPLATES = Path(__file__).with_name("edit_candidates")
@@ -94,9 +97,13 @@ def run_problem(problem: str, args: argparse.Namespace) -> int:
     script.write_text(json.dumps(script_steps(versions(template, args.edits + 1))))
     runs_dir = args.out / "runs"
     shutil.rmtree(runs_dir / run_id(problem), ignore_errors=True)  # a new sequence, not a resumed one
-    with open(args.out / f"{problem}.log", "w") as log:
+    log_path = args.out / f"{problem}.log"
+    with tempfile.TemporaryDirectory(prefix="edit-verdict-cache-") as cache, open(log_path, "w") as log:
+        # A cache of its own (builds, binding units): the first build is cold even where these sources were
+        # built before, e.g. a second run on the same machine.
+        env = dict(os.environ) if args.warm_cache else {**os.environ, CACHE_ENV: cache}
         return subprocess.run(run_command(problem, script, runs_dir, args), stdout=log, stderr=subprocess.STDOUT,
-                              check=False).returncode
+                              env=env, check=False).returncode
 
 
 def _time(event: dict[str, Any]) -> datetime:
@@ -222,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--ranks-per-gpu", type=int, default=2, help="with --device cuda (default 2: one GPU)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/edit-verdict"))
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="use this machine's build cache (default: an empty one per problem: a cold first build)")
     parser.add_argument("--read", type=Path, default=None, metavar="RUNS_DIR",
                         help="only read the runs already in RUNS_DIR (no run)")
     args = parser.parse_args(argv)

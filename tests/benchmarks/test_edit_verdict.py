@@ -118,6 +118,27 @@ def test_the_run_command_is_the_agent_loop_on_one_gpu_with_emulation(tmp_path: P
     assert "--no-timing" in text and "--run-id edit-verdict-all_reduce" in text
 
 
+def test_each_problem_runs_with_an_empty_build_cache_unless_asked(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """So the first build is cold even on a machine that built these sources before (a second run)."""
+    seen: list[dict[str, str]] = []
+
+    def run(command: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        seen.append(kw["env"])
+        cache = Path(kw["env"]["PKB_CACHE_DIR"])
+        assert not cache.exists() or not any(cache.iterdir())
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setenv("PKB_CACHE_DIR", str(tmp_path / "mine"))
+    args = argparse.Namespace(device="cpu", edits=1, out=tmp_path, world_size=2, shape="small", warm_cache=False)
+    assert ev.run_problem("all_reduce", args) == 0
+    args.warm_cache = True
+    assert ev.run_problem("all_reduce", args) == 0
+    assert seen[0]["PKB_CACHE_DIR"] != str(tmp_path / "mine") and not Path(seen[0]["PKB_CACHE_DIR"]).exists()
+    assert seen[1]["PKB_CACHE_DIR"] == str(tmp_path / "mine")
+
+
 # -- reading a run's files ------------------------------------------------------------------------------------
 
 
