@@ -214,7 +214,8 @@ def table(summary: dict[str, Any]) -> str:
             lines.append(f"| {problem} | {step} | {_cell(c['wall_s'])} | {_cell(c['compile_s'])} | "
                          f"{_cell(c['build_cache'])} | {_cell(c['binding_cache'])} | {_cell(c['verdict'])} |")
     firsts = ", ".join(f"{p} {_cell(f['first_build_s'])} s" for p, f in summary["problems"].items())
-    lines += ["", f"median edit -> verdict over {summary['edits']} edits: {_cell(summary['median_edit_s'])} s "
+    setting = f" ({summary['device']}, shape {summary['shape']})" if "device" in summary else ""
+    lines += ["", f"median edit -> verdict over {summary['edits']} edits{setting}: {_cell(summary['median_edit_s'])} s "
               f"(target <= {TARGET_S:g} s: {'met' if summary['met'] else 'not met'}); first build: {firsts}"]
     return "\n".join(lines)
 
