@@ -44,7 +44,7 @@ done
 # The table over both problems (the median over every edit), read from the run folders.
 mkdir -p "$OUT/runs"
 for problem in $PROBLEMS; do
-  [ -d "$OUT/$problem/runs/edit-verdict-$problem" ] && cp -r "$OUT/$problem/runs/edit-verdict-$problem" "$OUT/runs/"
+  [ -d "$OUT/$problem/runs/edit-verdict-$problem" ] && mv "$OUT/$problem/runs/edit-verdict-$problem" "$OUT/runs/"
 done
 python3 -m benchmarks.edit_verdict --read "$OUT/runs" --problems $PROBLEMS --device "$DEVICE" ${SHAPE:+--shape "$SHAPE"} \
   --out "$OUT" > "$OUT/table.md" 2>&1
