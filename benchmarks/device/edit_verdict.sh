@@ -42,7 +42,7 @@ for problem in $PROBLEMS; do  # one after the other: no build or GPU shared betw
   echo "$problem rc=$? $(( $(date +%s) - t0 ))s (limit ${limit}s)" | tee -a "$OUT/steps.txt"
 done
 # The table over both problems (the median over every edit), read from the run folders.
-mkdir -p "$OUT/runs"
+rm -rf "$OUT/runs" && mkdir -p "$OUT/runs"  # a rerun in the same OUT replaces the last one
 for problem in $PROBLEMS; do
   [ -d "$OUT/$problem/runs/edit-verdict-$problem" ] && mv "$OUT/$problem/runs/edit-verdict-$problem" "$OUT/runs/"
 done
