@@ -15,6 +15,7 @@ from harness.common import failures
 from harness.evaluate import evaluate
 from harness.records.results import EvalResult
 from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall, stopwatch, within_deadline
+from tools.build_note import build_note
 from tools.render import Block, Keep
 
 # What each verdict but `correct` means for the model (the verdicts themselves: harness.common.failures).
@@ -106,10 +107,11 @@ def verdict_blocks(result: EvalResult, ctx: ToolContext, tool: str) -> list[Bloc
     """The verdict as text blocks in priority order (headline first, evidence last)."""
     tol = f"atol={ctx.problem.atol:g} rtol={ctx.problem.rtol:g}"
     setting = f"shape {ctx.shape!r}, W={ctx.world_size}, {ctx.device}"
+    build = build_note(result.integrity.get("builds"), result.stages.get("compile"))
     if result.correct:
         summary = [f"{tool}: correct on all {ctx.world_size} ranks over {result.trials} trials ({setting}); "
                    f"max abs err {_g(result.max_abs_err)}, max rel err {_g(result.max_rel_err)} within {tol}.",
-                   flag_line(result.flags)]
+                   flag_line(result.flags), build]
         return [Block("\n".join(line for line in summary if line))]
     failure = result.failure
     assert failure is not None
@@ -131,6 +133,8 @@ def verdict_blocks(result: EvalResult, ctx: ToolContext, tool: str) -> list[Bloc
         lines.append(text)
     if flags := flag_line(result.flags):
         lines.append(flags)
+    if build:
+        lines.append(build)
     if result.verdict in HINTS:
         lines.append(f"hint: {HINTS[result.verdict]}")
     blocks = [Block("\n".join(lines))]

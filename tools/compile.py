@@ -15,6 +15,7 @@ from typing import Any
 from harness.compiling.builds import BUILD_MARKERS
 from harness.compiling.compile import compile_candidate
 from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall, within_deadline
+from tools.build_note import build_note
 from tools.render import Block
 
 
@@ -42,6 +43,8 @@ def run(args: dict[str, Any], ctx: ToolContext, candidate: Path | None) -> ToolO
         return ToolOutcome("compile", bounded(ctx, [text]), data, 0.0, candidate)
     blocks = [Block(f"compile: OK. The file was imported in a separate process in {outcome.seconds:.1f} s and "
                     "its native builds (if it builds at import) are cached for check and bench.")]
+    if note := build_note(outcome.builds):
+        blocks.append(Block(note))
     if outcome.message:
         # precompile could not import the file for a reason other than a build failure (nothing was cached).
         blocks.append(Block(f"note: {outcome.message}. Builds that run only inside solution() (or "

@@ -126,6 +126,15 @@ def test_task_prompt_holds_the_spec_and_the_rules_but_not_the_oracle(all_reduce)
     assert prompts.guide_text() in prompts.render_task(all_reduce, "small", 2, None, include_guide=True)
 
 
+def test_task_prompt_tells_how_a_load_inline_edit_rebuilds_in_seconds(all_reduce):
+    """The split layout (benchmarks/edit_verdict.py's candidates): torch only in cpp_sources, no implicit header."""
+    text = " ".join(prompts.render_task(all_reduce, "default", 2, None, include_guide=False).split())
+    for fact in ("Keep torch headers out of cuda_sources", '`extern "C"` launcher taking raw pointers and a '
+                 "`cudaStream_t`", "`#include <torch/extension.h>` and the torch::Tensor wrappers",
+                 "`no_implicit_headers=True`", "an edit to a kernel rebuilds in seconds", "about a minute every time"):
+        assert fact in text, fact
+
+
 def test_reference_source_keeps_what_solution_uses_and_hides_the_rest(tmp_path):
     folder = tmp_path / "other"
     folder.mkdir()
