@@ -44,8 +44,7 @@ from agent.run_records import create_run as create_run  # re-exported: the CLI a
 from agent.run_records import run_header as run_header
 from agent.run_records import sample_record as sample_record
 from agent.run_records import topology_record as topology_record
-from agent.rundir import FINISHED, RunDir, SampleDir
-from agent.sample_context import SampleContext
+from agent.rundir import FINISHED, RunDir
 from agent.sample_life import SampleLife
 from agent.sample_spec import SampleSpec as SampleSpec
 from agent.scheduler import DeviceScheduler
@@ -159,7 +158,9 @@ class Runner:
         conn = sqlite3.connect(str(self.run_dir.checkpoints), check_same_thread=False)
         saver = SqliteSaver(conn, serde=RedactingSerializer())
         saver.setup()
-        self._life = SampleLife(self.run_dir, self.config.model, self._context, self.model_factory, saver, log)
+        self._life = SampleLife(self.run_dir, self.config, self.eval_config, self.spec.text, self.prices, self.topology,
+                                self.policy, self.prompt_choice, self.scheduler, self.remote, self.model_factory,
+                                saver, log)
         waits = list(self.config.infra_waits_s)
         left = 0  # sample threads still running after Ctrl-C
         try:
@@ -207,12 +208,12 @@ class Runner:
     def run_sample(self, spec: SampleSpec) -> dict[str, Any]:
         """One sample, start to sample.json (agent.sample_life); the run loop calls it through the runner."""
         assert self._life is not None, "run() opens the run before a sample runs"
-        return self._life.run(spec)
+        return self._life.run_through(spec)
 
     def rejudge(self, spec: SampleSpec, after_wait_s: float | None = None) -> dict[str, Any]:
-        """A finished sample in infra_error judged again (agent.sample_life.SampleLife.rejudge)."""
+        """A finished sample in infra_error judged again (agent.sample_life.SampleLife.judge_again)."""
         assert self._life is not None, "run() opens the run before a sample is judged again"
-        return self._life.rejudge(spec, after_wait_s)
+        return self._life.judge_again(spec, after_wait_s)
 
     def _where(self) -> dict[str, Any]:
         """The executor and how many evaluations it runs at once, for the event log."""
@@ -220,21 +221,3 @@ class Runner:
             return {"executor": LocalExecutor.name, "capacity": self.scheduler.capacity if self.scheduler else 1}
         return {"executor": self.remote.name, "capacity": self.remote.capacity(self.config.world_size,
                                                                                 self.config.device)}
-
-    def _remote_args(self) -> dict[str, Any]:
-        """executor= for the graph when evaluations leave this node (nothing otherwise)."""
-        return {"executor": self.remote} if self.remote is not None else {}
-
-    def _context(self, problem: Problem, condition: Condition, sdir: SampleDir, log: Any,
-                 model: BaseChatModel | None) -> SampleContext:
-        """A sample's context under this run's settings (agent.sample_life.ContextFactory)."""
-        return SampleContext(
-            problem=problem, condition=condition, model=model,
-            model_name=self.spec.text, directory=sdir, budget=self.config.budget, prices=self.prices,
-            config=self.eval_config, scheduler=self.scheduler, world_size=self.config.world_size,
-            device=self.config.device, shape=self.config.shape, topology=self.topology, log=log,
-            model_attempts=self.config.model_attempts, answer_tokens=self.config.answer_tokens,
-            guide_in_prompt=self.config.guide_in_prompt, context_policy=self.policy,
-            prompt_cache=self.config.prompt_cache, prompt=self.prompt_choice,
-            shell_timeout_s=self.config.shell_timeout_s, **self._remote_args(),
-        )

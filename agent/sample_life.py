@@ -4,7 +4,7 @@ A model sample runs its graph (agent.graph) from its LangGraph checkpoint where 
 already took are neither repeated nor counted twice; a replayed file is scored as it is. sample.json is written
 first as running, and last as finished, after the transcript, the candidates and result.json, so a sample killed
 at any moment is either finished with all its files or unfinished. A sample whose final scoring ended in
-infra_error is judged again (`rejudge`) with the earlier judgement's records set aside in attempts/<n>/.
+infra_error is judged again (`judge_again`) with the earlier judgement's records set aside in attempts/<n>/.
 """
 
 from __future__ import annotations
@@ -21,50 +21,63 @@ from langchain_core.messages import AIMessage
 from agent import final_scoring, sample_scoring
 from agent.budgets import Spent
 from agent.conditions import BASH, REPLAY, Condition
+from agent.context import ContextPolicy
+from agent.executors.interface import Executor
 from agent.graph import REPLAYED, TransientProviderError, build_graph, opening, recursion_limit, write_transcript
-from agent.run_config import RunError
+from agent.prompting import PromptChoice
+from agent.run_config import RunConfig, RunError
 from agent.run_records import attempt_entry, failure_line, judgement, now, sample_record
 from agent.rundir import FINISHED, RUNNING, RunDir, SampleDir, read_json, write_bytes_atomic, write_json_atomic
 from agent.sample_context import SampleContext
 from agent.sample_spec import SampleSpec
+from agent.scheduler import DeviceScheduler
 from agent.scripted import ScriptedChatModel
 from agent.tool_calls import tool_context
+from agent.usage import PriceTable
+from harness.config import EvalConfig
 from harness.problems.problem import Problem
 from tools.bash import prepare as prepare_shell
 
 Record = dict[str, Any]
-# What the run's settings make of one sample: its problem, condition, folder, logger and model (None: no model).
-ContextFactory = Callable[[Problem, Condition, SampleDir, Any, BaseChatModel | None], SampleContext]
 
 
 @dataclass(frozen=True)
 class SampleLife:
-    """The samples of one run directory, one at a time each (the run loop runs several at once)."""
+    """The samples of one run directory, one at a time each (the run loop runs several at once), under the
+    run's settings (agent.runner.Runner holds them)."""
 
     run_dir: RunDir
-    model: str  # the run's model as sample.json names it
-    context: ContextFactory
+    config: RunConfig
+    eval_config: EvalConfig  # what the tools evaluate with; the final scoring uses scoring_seed(seed)
+    model_name: str  # "provider:model", the price table's key
+    prices: PriceTable | None
+    topology: dict[str, Any] | None  # the saved topology profile, for the prompt
+    policy: ContextPolicy
+    prompt: PromptChoice  # which prompt the samples open with (agent.prompting)
+    scheduler: DeviceScheduler | None  # this node's devices (None only with an executor)
+    executor: Executor | None  # where evaluations go when not on this node's scheduler
     model_factory: Callable[[], BaseChatModel]
     saver: Any  # LangGraph's SqliteSaver over the run's checkpoints
     log: Any  # the run's event log
 
-    def run(self, spec: SampleSpec) -> Record:
+    def run_through(self, spec: SampleSpec) -> Record:
         """One sample, start to sample.json; resumes from its checkpoint where one exists."""
         sdir = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k)
         previous = sdir.record() or {}
         started_at = previous.get("started_at") or now()
         log = self.log.bind(problem=spec.problem.name, condition=spec.condition.name, sample=spec.k)
         log.info("sample_started", resumed=bool(previous))
-        write_json_atomic(sdir.sample_json, sample_record(spec, self.model, status=RUNNING, started_at=started_at))
+        write_json_atomic(sdir.sample_json, sample_record(spec, self.config.model, status=RUNNING,
+                                                          started_at=started_at))
         try:
             if spec.condition.kind == REPLAY:
-                state = _replay(self.context(spec.problem, spec.condition, sdir, log, None), spec.file)
+                state = _replay(self._context(spec.problem, spec.condition, sdir, log, None), spec.file)
             else:
-                ctx = self.context(spec.problem, spec.condition, sdir, log, self.model_factory())
+                ctx = self._context(spec.problem, spec.condition, sdir, log, self.model_factory())
                 state = self._converse(ctx, spec.thread_id)
         except TransientProviderError as err:
             log.warning("sample_interrupted", error=str(err))
-            write_json_atomic(sdir.sample_json, sample_record(spec, self.model, status=RUNNING,
+            write_json_atomic(sdir.sample_json, sample_record(spec, self.config.model, status=RUNNING,
                                                               started_at=started_at, error=str(err)))
             raise
         write_transcript(sdir, state.get("messages") or [], state.get("candidates") or [])
@@ -72,7 +85,7 @@ class SampleLife:
             write_json_atomic(sdir.result_json, state["result"])
         else:
             sdir.result_json.unlink(missing_ok=True)  # left by an earlier attempt that was killed
-        record = sample_record(spec, self.model, status=FINISHED, started_at=started_at, state=state,
+        record = sample_record(spec, self.config.model, status=FINISHED, started_at=started_at, state=state,
                                finished_at=now())
         write_json_atomic(sdir.sample_json, record)  # last: this is what makes the sample finished
         if spec.condition.uses_model:
@@ -104,7 +117,19 @@ class SampleLife:
                  "stop_reason": None, "submitted": None, "prompt": first.record}
         return dict(build_graph(ctx, self.saver).invoke(start, thread, durability="sync"))
 
-    def rejudge(self, spec: SampleSpec, after_wait_s: float | None = None) -> Record:
+    def _context(self, problem: Problem, condition: Condition, sdir: SampleDir, log: Any,
+                 model: BaseChatModel | None) -> SampleContext:
+        """What the sample's graph, tools and scoring need that is not state (None: no model)."""
+        config = self.config
+        return SampleContext(
+            problem=problem, condition=condition, model=model, model_name=self.model_name, directory=sdir,
+            budget=config.budget, prices=self.prices, config=self.eval_config, scheduler=self.scheduler,
+            world_size=config.world_size, device=config.device, shape=config.shape, topology=self.topology,
+            log=log, model_attempts=config.model_attempts, answer_tokens=config.answer_tokens,
+            guide_in_prompt=config.guide_in_prompt, executor=self.executor, context_policy=self.policy,
+            prompt_cache=config.prompt_cache, prompt=self.prompt, shell_timeout_s=config.shell_timeout_s)
+
+    def judge_again(self, spec: SampleSpec, after_wait_s: float | None = None) -> Record:
         """A finished sample that ended in infra_error, judged again: its final.py scored anew (the same request:
         same seed, same shapes). The model's work (transcript, candidates, usage, best) is kept as it was; the
         earlier judgement's sample.json, result.json and logs/ are set aside in attempts/<n>/ first, and the new
@@ -122,7 +147,7 @@ class SampleLife:
         history[-1]["kept"] = _keep_aside(sdir, n, previous)
         log.info("sample_judged_again", judgement=n + 1, after_wait_s=after_wait_s,
                  earlier_infra_cause=previous.get("infra_cause"))
-        ctx = self.context(spec.problem, spec.condition, sdir, log, None)
+        ctx = self._context(spec.problem, spec.condition, sdir, log, None)
         state = sample_scoring.score_file(ctx, sdir.final_py, log_dir=sdir.logs).state()
         write_json_atomic(sdir.result_json, state["result"])
         scoring = state["scoring"]
