@@ -89,7 +89,7 @@ MAX_MESSAGE_CHARS = 300  # an attempt's failure line in sample.json
 
 def judgement(state: dict[str, Any]) -> dict[str, Any]:
     """The fields of sample.json that the final scoring decides (`result`, `held_out` and `scoring` of the state):
-    one place for a first judgement and a judgement again (Runner.rejudge)."""
+    one place for a first judgement and a judgement again (agent.sample_life.SampleLife.judge_again)."""
     result = state.get("result")
     scoring = state.get("scoring") or {}
     overall = final_scoring.combined(result, state.get("held_out"))
@@ -177,7 +177,7 @@ def sample_record(spec: SampleSpec, model: str, *, status: str, started_at: str,
         "started_at": started_at,
         "finished_at": finished_at,
     }
-    if status == FINISHED:  # every judgement of the sample; Runner.rejudge adds one per judgement again
+    if status == FINISHED:  # every judgement of the sample; a judgement again adds one (agent.sample_life)
         record["attempts"] = [attempt_entry(record, 1, failure_line(state))]
     if error or state.get("error"):
         record["error"] = error or state.get("error")
