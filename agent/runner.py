@@ -158,9 +158,11 @@ class Runner:
         conn = sqlite3.connect(str(self.run_dir.checkpoints), check_same_thread=False)
         saver = SqliteSaver(conn, serde=RedactingSerializer())
         saver.setup()
-        self._life = SampleLife(self.run_dir, self.config, self.eval_config, self.spec.text, self.prices, self.topology,
-                                self.policy, self.prompt_choice, self.scheduler, self.remote, self.model_factory,
-                                saver, log)
+        self._life = SampleLife(run_dir=self.run_dir, config=self.config, eval_config=self.eval_config,
+                                model_name=self.spec.text, prices=self.prices, topology=self.topology,
+                                policy=self.policy, prompt=self.prompt_choice, scheduler=self.scheduler,
+                                executor=self.remote,
+                                model_factory=self.model_factory, saver=saver, log=log)
         waits = list(self.config.infra_waits_s)
         left = 0  # sample threads still running after Ctrl-C
         try:
@@ -168,8 +170,9 @@ class Runner:
             log.info("run_started", run_id=summary.run_id, total=len(specs), finished_before=summary.skipped,
                      pending=len(jobs), judged_again=sum(j.again for j in jobs), concurrency=self.concurrency,
                      infra_waits_s=waits, **self._where())
-            loop = RunLoop(summary, self.concurrency, self.run_sample, self.rejudge, log, waits, self._sleep,
-                           self._clock, on_sample=self.on_sample, on_interrupt=self.on_interrupt, abort=self._abort)
+            loop = RunLoop(summary, self.concurrency, run_sample=self.run_sample, rejudge=self.rejudge, log=log,
+                           waits=waits, sleep=self._sleep, clock=self._clock, on_sample=self.on_sample,
+                           on_interrupt=self.on_interrupt, abort=self._abort)
             try:
                 loop.run(jobs)
             except RunInterrupted as stop:
