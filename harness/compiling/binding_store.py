@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from harness.common.hostile_files import Folder, HostileFile
@@ -49,6 +49,7 @@ from harness.common.paths import REPO_ROOT
 from harness.compiling import split_build
 from harness.compiling.build_cache import OBJECT_CAP, ObjectCache
 from harness.launch.pool import worker_env
+from harness.launch.priority import niced, set_session_niceness
 from harness.launch.sandbox import EXT_MOUNT, SandboxPolicy, clean_environment
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.memory import MemoryCgroup
@@ -140,9 +141,10 @@ def _torch_free(ext: Folder, built: split_build.Plan, binding: split_build.Unit,
 
 
 def store_bindings(entry: Path, scope: Path, timeout: float, limits: SandboxLimits | None,
-                   sandbox: SandboxInfo) -> list[Stored]:
+                   sandbox: SandboxInfo, niceness: int = 0) -> list[Stored]:
     """For each extension folder of the stored cache entry `entry`, the binding object compiled and kept in
-    `scope` where it qualifies (the module's docstring); one Stored per folder with a build.ninja."""
+    `scope` where it qualifies (the module's docstring); one Stored per folder with a build.ninja. Its
+    compiles run at `niceness`, as the compile stage's builds do."""
     out: list[Stored] = []
     if sandbox.backend != "bwrap":
         return out
@@ -155,7 +157,7 @@ def store_bindings(entry: Path, scope: Path, timeout: float, limits: SandboxLimi
                 with snapshot.sub(name) as ext:
                     if not ext.exists("build.ninja"):
                         continue
-                    status, reason = _store_one(ext, name, ObjectCache(scope), timeout, limits, sandbox)
+                    status, reason = _store_one(ext, name, ObjectCache(scope), timeout, limits, sandbox, niceness)
             except (HostileFile, OSError, split_build.SplitUnavailable) as err:
                 status, reason = "skipped", f"{type(err).__name__}: {err}"[:300]
             out.append(Stored(name, status, reason, round(time.perf_counter() - started, 3)))
@@ -163,7 +165,7 @@ def store_bindings(entry: Path, scope: Path, timeout: float, limits: SandboxLimi
 
 
 def _store_one(ext: Folder, name: str, cache: ObjectCache, timeout: float, limits: SandboxLimits | None,
-               sandbox: SandboxInfo) -> tuple[str, str]:
+               sandbox: SandboxInfo, niceness: int) -> tuple[str, str]:
     built = split_build.parse(ext.read_text("build.ninja", NINJA_CAP))
     binding = next((u for u in built.units if u.rule == "compile" and
                     PurePosixPath(u.source).name == split_build.BINDING_SOURCE), None)
@@ -184,7 +186,7 @@ def _store_one(ext: Folder, name: str, cache: ObjectCache, timeout: float, limit
     argv = check_command(binding.command, binding, where)
     if isinstance(argv, str):
         return "failed", f"the binding command was refused: {argv}"
-    obj = _compile(argv, name, binding.output, source, timeout, limits, sandbox)
+    obj = _compile(argv, name, binding.output, source, timeout, limits, sandbox, niceness)
     if isinstance(obj, str):
         return "failed", obj
     folder = private_folder("pkb-binding-keep-")
@@ -204,7 +206,7 @@ def _depfile_names_only(depfile: bytes, output: str, source: str) -> bool:
 
 
 def _compile(argv: list[str], name: str, output: str, source: bytes, timeout: float, limits: SandboxLimits | None,
-             sandbox: SandboxInfo) -> bytes | str:
+             sandbox: SandboxInfo, niceness: int) -> bytes | str:
     """The binding unit's object (`output`), compiled in a fresh sandbox and checked by its depfile, or why not."""
     folder = private_folder("pkb-binding-")
     cgroup: MemoryCgroup | None = None
@@ -224,11 +226,13 @@ def _compile(argv: list[str], name: str, output: str, source: bytes, timeout: fl
         cgroup = MemoryCgroup.create(folder.name, limits.memory_bytes)
         if cgroup is not None:
             command = cgroup.join_command(command)
+        command = niced(command, niceness)
         env = clean_environment(worker_env("cpu"), scratch)
         log = folder / "compiler.log"
         with Folder.open(ext) as held, open(log, "wb") as out:  # held before it runs: no planted link is followed
             proc = subprocess.Popen(command, cwd=str(REPO_ROOT), env=env, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            set_session_niceness(proc.pid, niceness)
             try:
                 code: int | None = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -258,4 +262,5 @@ def _compile(argv: list[str], name: str, output: str, source: bytes, timeout: fl
 
 def as_records(stored: list[Stored]) -> dict[str, dict[str, object]]:
     """extension folder -> its store result, for the build records."""
-    return {s.extension: {k: v for k, v in asdict(s).items() if k != "extension" and v != ""} for s in stored}
+    return {s.extension: {"binding_store": s.binding_store, **({"reason": s.reason} if s.reason else {}),
+                          "binding_stored_s": s.binding_stored_s} for s in stored}

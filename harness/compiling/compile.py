@@ -420,7 +420,8 @@ def with_binding_store(builds: list[dict[str, Any]], entry: Path, scope: Path, t
     `binding_stored_s`). The store only saves later builds time: a failure of it is recorded, never the
     candidate's (the compile succeeded)."""
     try:
-        records = binding_store.as_records(binding_store.store_bindings(entry, scope, timeout, limits, sandbox))
+        records = binding_store.as_records(binding_store.store_bindings(entry, scope, timeout, limits, sandbox,
+                                                                         BUILD_NICENESS))
     except Exception as exc:  # noqa: BLE001 - an optimisation failed: the build stands
         records = {str(b.get("extension")): {"binding_store": "failed", "reason": f"{type(exc).__name__}: {exc}"[:300]}
                    for b in builds if b.get("extension")}
