@@ -15,7 +15,8 @@ for each extension folder of the entry:
 - its build.ninja is read as hostile (no link, size-capped) and parsed as split_build reads it;
 - stored only when every other unit's source includes no torch, ATen, c10 or pybind11 header: only then
   does the binding unit dominate an edit (PKB's recorded files include torch in `cuda.cu`; storing for them
-  would cost every replay build a binding compile for nothing);
+  would cost every replay build a binding compile for nothing; load_inline itself puts torch/types.h atop
+  `cuda.cu` unless called with no_implicit_headers=True);
 - the key is split_build.unit_key over the SNAPSHOT's bytes, so what is stored is what the key names;
   nothing is compiled when the scope holds the key already;
 - the binding command must pass `check_command` word by word (the compiler torch uses here, flags of the
