@@ -70,7 +70,7 @@ TORCH_HEADER = re.compile(rb"^[ \t]*#[ \t]*include[ \t]*[<\"](torch/|ATen/|c10/|
 _META = re.compile(r"[;&|$`<>(){}\[\]*?~!#'\"\\\n\r]")
 _DEFINE = re.compile(r'^-D[A-Za-z_]\w*(=(\\"[\w.+-]*\\"|[\w.+,/:=-]*))?$')
 _PATH = re.compile(r"^/[\w./+-]*$")
-_SIMPLE = re.compile(r"^(-O[0-3sgz]?|-std=[\w+]+|-fPIC|-g[0-3]?|-W(?![pal],)[\w=+-]*|-f(no-)?(?!plugin)[a-z0-9][\w+-]*"
+_SIMPLE = re.compile(r"^(-O[0-3sgz]?|-std=[\w+]+|-fPIC|-g[0-3]?|-W(?![pal],)[\w=+-]*|-f(no-)?[a-z0-9][\w+-]*"
                      r"(=[\w.,+-]*)?)$")
 # Runs the compiler in the build folder, without a shell (the command's relative paths are the folder's).
 _IN_FOLDER = "import os, sys; os.chdir(sys.argv[1]); os.execvp(sys.argv[2], sys.argv[2:])"
@@ -119,7 +119,7 @@ def check_command(command: str, unit: split_build.Unit, build_directory: PurePos
             seen |= {word} - {"-isystem"}
             i += 2
             continue
-        if not (word == "-MMD" or _DEFINE.match(word) or _SIMPLE.match(word) or
+        if not (word == "-MMD" or _DEFINE.match(word) or (_SIMPLE.match(word) and "plugin" not in word) or
                 (word.startswith("-I") and _PATH.match(word[2:]))):
             return f"the flag {word!r}"
         i += 1

@@ -179,7 +179,7 @@ def test_a_binding_command_torch_writes_passes_word_by_word():
 
 
 @pytest.mark.parametrize("change", [
-    ("-O3", "-fplugin=/tmp/evil.so"), ("-O3", "-fplugin-arg-x=y"), ("-O3", "-O3; touch /tmp/x"),
+    ("-O3", "-fplugin=/tmp/evil.so"), ("-O3", "-fplugin-arg-x=y"), ("-O3", "-fno-plugin"), ("-O3", "-O3; touch /tmp/x"),
     ("-O3", "-O3 && true"), ("-O3", "-B/tmp/evil"), ("-O3", "-specs=/tmp/x"), ("-O3", "-wrapper /tmp/w"),
     ("-O3", "@/tmp/flags"), ("-O3", "-Wp,-MD,/tmp/x"), ("-O3", "-Wl,-rpath"), ("-O3", "-include /etc/x"),
     ("-O3", "$(touch /tmp/x)"), ("-O3", "`id`"), ("c++ ", "/tmp/cc "), ("-o main.o", "-o /tmp/main.o"),
