@@ -143,6 +143,9 @@ class ObjectCache:
                 return False
             manifest = {"key": key, "size": found[0], "sha256": found[1], "inputs": inputs}
             replace_atomically(staging / MANIFEST, json.dumps(manifest).encode())
+            # Readable by a build sandbox's uid (65534 where the harness is root), writable by this user only.
+            for path, mode in ((staging / OBJECT, 0o644), (staging / MANIFEST, 0o644), (staging, 0o755)):
+                os.chmod(path, mode)
             if os.path.lexists(entry) and self.lookup(key) is None and os.path.lexists(entry):
                 return False  # a bad entry that could not be removed
             try:

@@ -16,7 +16,8 @@ process and nothing persists for the ranks. A call whose arguments use local val
 shape) cannot be made ahead of time; it is counted as undiscovered, with the reason.
 
 Runs inside the sandboxed precompile process, after the candidate was imported there: torch and the
-standard library only. Nothing here decides a verdict.
+standard library only. Nothing here decides a verdict: each outcome carries what the split build
+(harness.compiling.split_build) reported for it, the candidate process's own account, informational only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from harness.compiling import split_build
 from harness.compiling.ast_names import dotted_name
 
 BUILD_MARKERS = ("load_inline", "cpp_extension", "compile_cuda_extension", "nvrtc", "NVRTC", "RawKernel",
@@ -119,6 +121,7 @@ class BuildOutcome:
     skipped: str = ""
     error: str = ""
     exception: BaseException | None = field(default=None, repr=False)
+    split: dict[str, Any] = field(default_factory=dict)  # the split build's report of this call, if one ran
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "function": self.function, "line": self.line,
@@ -127,7 +130,17 @@ class BuildOutcome:
             out["skipped"] = self.skipped
         if self.error:
             out["error"] = self.error
+        out.update(split_fields(self.split))
         return out
+
+
+def split_fields(report: dict[str, Any]) -> dict[str, Any]:
+    """A build entry's fields from a split build's report (split_build.BuildReport.as_dict): the extension's
+    folder, where its binding unit came from and each step's seconds; none when no split build ran."""
+    if not report:
+        return {}
+    return {"extension": report["extension"], "binding_cache": report["binding_cache"],
+            "split_seconds": report["seconds"]}
 
 
 def _lookup(dotted: str, namespace: dict[str, Any]) -> Any:
@@ -315,7 +328,7 @@ def trigger(call: BuildCall) -> BuildOutcome:
         reason = cuda_builds_possible()
         if reason:
             return BuildOutcome(**base, seconds=0.0, ok=None, skipped=reason)
-    started = time.perf_counter()
+    started, reported = time.perf_counter(), len(split_build.REPORTS)
     try:
         built = call.builder(*call.args, **call.kwargs)
         if call.kind.startswith("cupy.") and hasattr(built, "compile"):
@@ -324,7 +337,9 @@ def trigger(call: BuildCall) -> BuildOutcome:
         text = f"{type(exc).__name__}: {exc}"
         return BuildOutcome(**base, seconds=time.perf_counter() - started, ok=False, error=text[-2000:],
                             exception=exc)
-    return BuildOutcome(**base, seconds=time.perf_counter() - started, ok=True)
+    # The call's own split build (a helper that builds several extensions: its last one).
+    split = split_build.REPORTS[-1].as_dict() if len(split_build.REPORTS) > reported else {}
+    return BuildOutcome(**base, seconds=time.perf_counter() - started, ok=True, split=split)
 
 
 def build_ahead(module: types.ModuleType, source: str) -> tuple[list[BuildOutcome], list[Undiscovered]]:

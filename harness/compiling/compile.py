@@ -13,6 +13,14 @@ wait. A build that overruns its limit is stopped whole: the sandbox dies with ev
 Without a sandbox (harness.launch.sandbox falls back to "none", and says so) the build runs in a session of
 its own with the same allow-listed environment, into the same throwaway build folder.
 
+Binding units (docs/performance.md, "Edit → built"): the precompile builds load_inline extensions split
+(harness.compiling.split_build), the binding unit's object from the scope of this candidate's folder
+(harness.compiling.binding_store.scope_for), bound read-only into the build sandbox at OBJECTS_MOUNT. After a
+stored build, binding_store compiles and keeps the binding objects that qualify, in a sandbox of its own:
+only this trusted process writes the scope. Without a bwrap sandbox no object cache is used at all: the
+candidate would run as the harness's user, and could write the folder. The split build's marks in each build
+entry (`binding_cache`, `split_seconds`) come from the candidate's process: informational, never a verdict.
+
 Fail closed: only a build the helper reported as a success (its result, on a channel of its own with a
 per-evaluation nonce that candidate code never holds, parsed strictly) with exit code 0 is a success, and
 only a success is cached; a helper that crashed, was killed, printed more than HELPER_OUTPUT_CAP or
@@ -44,6 +52,7 @@ from harness import cancel
 from harness.common import channel, failures
 from harness.common.hostile_files import Folder, HostileFile, copy_tree_out, read_json, replace_file, strict_json
 from harness.common.paths import REPO_ROOT
+from harness.compiling import binding_store
 from harness.compiling.builds import may_build
 from harness.compiling.precompile import (
     BUILD_FAILED_STATUS,
@@ -61,7 +70,7 @@ from harness.launch.sandbox import EXT_MOUNT, SandboxPolicy, SandboxUnavailable,
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.memory import MemoryCgroup
 from harness.launch.sandbox.namespace import pid_namespace_members, sandbox_init
-from harness.launch.sandbox.policy import SANDBOX_UID
+from harness.launch.sandbox.policy import SANDBOX_UID, SandboxInfo
 from harness.launch.sandbox.private import hand_over, private_folder, remove_private, stage_file
 from harness.launch.sandbox.watch import SandboxWatch
 from harness.records.cache_dir import cache_root
@@ -296,6 +305,7 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
     """The native part of compile_candidate: one helper run in its sandbox, its result, the cache."""
     started, started_wall = time.perf_counter(), time.time()
     sandbox = probe()
+    scope = binding_store.scope_for(path, problem)
     # Under the private root: the sandbox sees the candidate's copy (read-only), its scratch and the build
     # folder, never the candidate's own folder (harness.launch.sandbox.private).
     folder = private_folder("pkb-build-")
@@ -319,13 +329,17 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
                 hand_over(scratch, SANDBOX_UID)
                 hand_over(build, SANDBOX_UID)
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": EXT_MOUNT}), scratch)
+            scope.mkdir(parents=True, exist_ok=True)
+            command += ["--object-cache", binding_store.OBJECTS_MOUNT]
             policy = SandboxPolicy(scratch=scratch, extensions=build, hide=(cache_root(),), gpus=device == "cuda",
-                                   visible=visible_for(code, problem), limits=limits, info=sandbox)
+                                   visible=visible_for(code, problem), limits=limits, info=sandbox,
+                                   read_only=((scope, binding_store.OBJECTS_MOUNT),))
             command = policy.bwrap_command(command, REPO_ROOT)
             cgroup = MemoryCgroup.create(folder.name, limits.memory_bytes)
             if cgroup is not None:
                 command = cgroup.join_command(command)
-        else:  # candidate code runs here too: the same allow-listed environment, no secret of the harness
+        else:  # candidate code runs here too: the same allow-listed environment, no secret of the harness, and
+            # no object cache (a candidate running as this user could write any folder it was given)
             env = clean_environment(worker_env(device, {"TORCH_EXTENSIONS_DIR": str(build)}), scratch)
         command = niced(command, BUILD_NICENESS)
         with Folder.open(build) as build_files:  # held from before the helper runs: no link it plants is followed
@@ -387,6 +401,7 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
             except HostileFile as err:
                 return CompileOutcome(False, seconds, failures.COMPILE_ERROR,
                                       f"the build's output was refused: {err}", native=True, builds=builds)
+            builds = with_binding_store(builds, entry, scope, timeout, limits, sandbox)
     finally:
         if ours is not None:
             ours.close()
@@ -397,6 +412,20 @@ def _build(path: Path, raw: bytes, entry: Path, timeout: float, device: str, pro
         remove_private(folder)
     return CompileOutcome(True, seconds, native=True, evidence=text[-500:], extensions=entry,
                           builds=with_cache(builds, MISS))
+
+
+def with_binding_store(builds: list[dict[str, Any]], entry: Path, scope: Path, timeout: float,
+                       limits: SandboxLimits, sandbox: SandboxInfo) -> list[dict[str, Any]]:
+    """The builds, each with what binding_store did for its extension folder (`binding_store`, `reason`,
+    `binding_stored_s`). The store only saves later builds time: a failure of it is recorded, never the
+    candidate's (the compile succeeded)."""
+    try:
+        records = binding_store.as_records(binding_store.store_bindings(entry, scope, timeout, limits, sandbox,
+                                                                         BUILD_NICENESS))
+    except Exception as exc:  # noqa: BLE001 - an optimisation failed: the build stands
+        records = {str(b.get("extension")): {"binding_store": "failed", "reason": f"{type(exc).__name__}: {exc}"[:300]}
+                   for b in builds if b.get("extension")}
+    return [{**b, **records.get(str(b.get("extension")), {})} if b.get("extension") else b for b in builds]
 
 
 def with_cache(builds: list[dict[str, Any]], state: str) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Build a candidate's native code once, outside any process group, so the rank workers find it cached.
 
-    python -m harness.compiling.precompile CANDIDATE [--problem LOADER_SPEC] [--report-fd FD]
+    python -m harness.compiling.precompile CANDIDATE [--problem LOADER_SPEC] [--report-fd FD] [--object-cache DIR]
 
 The problem is loaded first, as the rank worker does: for a PKB checkout that puts its `utils` package
 on the import path, which PKB solutions import before anything else. Then the candidate is imported
@@ -8,9 +8,18 @@ on the import path, which PKB solutions import before anything else. Then the ca
 (harness.compiling.builds: load_inline, cpp_extension.load, PKB's compile_cuda_extension, CuPy) are made now, with
 the same arguments, so the extension lands in the cache under the same name and source hash.
 
+Every torch extension build here goes through the split build (harness.compiling.split_build): the binding
+unit's object comes from `--object-cache` (the read-only scope of objects the trusted side stored for this
+candidate's folder, harness.compiling.binding_store; absent: none), the other units are compiled, and a stamp
+tells the rank's first call that nothing is left to build (harness.rank.prebuilt). Each build entry carries
+what the split build reported (`extension`, `binding_cache`, `split_seconds`); builds made while the module
+was imported are entries of kind "at_import". These marks are this process's own account: informational,
+they decide nothing.
+
 Output: a line per build on stdout (the candidate's log: nothing there is believed), and one result:
     {"status": "ok" | "build_failed" | "import_failed",
-     "builds": [{"name", "kind", "function", "line", "seconds", "ok", ["skipped"], ["error"]}],
+     "builds": [{"name", "kind", "function", "line", "seconds", "ok", ["skipped"], ["error"],
+                 ["extension", "binding_cache", "split_seconds"]}],
      "undiscovered": N, "not_made": [{"kind", "function", "line", "reason"}], "import": "ok" | "..."}
 `ok` is null for a build skipped (a CUDA build where torch has no CUDA). Exit 3 with "build_failed" when a
 build failed in the compiler; 0 with "ok", or with "import_failed" when the import raised something other
@@ -34,12 +43,15 @@ import ctypes
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.common.failures import COMPILE_ERROR
 from harness.common.hostile_files import HostileFile, strict_json
-from harness.compiling.builds import BuildOutcome, Undiscovered, build_ahead
+from harness.compiling import split_build
+from harness.compiling.build_cache import ObjectCache
+from harness.compiling.builds import BuildOutcome, Undiscovered, build_ahead, split_fields
 from harness.compiling.source_text import SourceEncodingError, source_text
 from harness.emulation.build_hook import rewrite_builds_of
 from harness.problems.problem import import_file, module_name_for
@@ -56,9 +68,15 @@ PR_SET_DUMPABLE = 4
 
 
 def summary(outcomes: list[BuildOutcome], undiscovered: list[Undiscovered], imported: str,
-            status: str) -> dict[str, Any]:
-    return {"status": status, "builds": [o.as_dict() for o in outcomes], "undiscovered": len(undiscovered),
-            "not_made": [vars(u) for u in undiscovered], "import": imported}
+            status: str, at_import: Sequence[split_build.BuildReport] = ()) -> dict[str, Any]:
+    return {"status": status, "builds": [*map(_at_import, at_import), *(o.as_dict() for o in outcomes)],
+            "undiscovered": len(undiscovered), "not_made": [vars(u) for u in undiscovered], "import": imported}
+
+
+def _at_import(report: split_build.BuildReport) -> dict[str, Any]:
+    """A build entry for an extension the module built while it was imported."""
+    return {"name": report.extension, "kind": "at_import", "function": "<module>", "line": 0,
+            "seconds": round(sum(report.seconds.values()), 3), "ok": True, **split_fields(report.as_dict())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problem", default=None, help="the problem's loader spec")
     parser.add_argument("--report-fd", type=int, default=None,
                         help="the private channel: the nonce is read from it, the result written to it")
+    parser.add_argument("--object-cache", type=Path, default=None,
+                        help="the read-only object cache of this candidate's scope (binding units)")
     args = parser.parse_args(argv)
+    cache = ObjectCache(args.object_cache) if args.object_cache is not None else None
     if not args.candidate.is_absolute() or not args.candidate.is_file():
         print(f"precompile: {args.candidate} is not an absolute path to a file")  # no result line: a failure
         return 2
@@ -77,19 +98,22 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             print(f"the problem did not load ({type(exc).__name__}: {exc}); importing the candidate anyway")
     if args.report_fd is None:  # by hand: everything in this process, the result line last on stdout
-        result = import_and_build(args.candidate)
+        result = import_and_build(args.candidate, cache)
         if result is None:
             return 2
         print(RESULT_MARKER + json.dumps(result, default=str), flush=True)
         return STATUS_EXIT[result["status"]]
-    return report_privately(args.candidate, args.report_fd)
+    return report_privately(args.candidate, args.report_fd, cache)
 
 
-def import_and_build(candidate: Path) -> dict[str, Any] | None:
+def import_and_build(candidate: Path, cache: ObjectCache | None = None) -> dict[str, Any] | None:
     """Import the candidate and make its builds, printing a line for each; the result (None: the source
     could not be read). Candidate code runs here."""
-    # Multimem is rewritten into unicast accesses before torch builds it, as in emulated ranks (docs/emulation.md).
+    # Multimem is rewritten into unicast accesses before torch builds it, as in emulated ranks (docs/emulation.md):
+    # the rewrite is in torch's source writer, the split build in its ninja runner, which runs after it.
     rewrite_builds_of(candidate.read_text(errors="replace"))
+    split_build.install(cache, writable=False)  # this process runs candidate code: it never writes the cache
+    first = len(split_build.REPORTS)
     try:
         module = import_file(candidate, module_name_for(candidate, "pkb_precompile"))
     except BaseException as exc:
@@ -98,6 +122,7 @@ def import_and_build(candidate: Path) -> dict[str, Any] | None:
             return summary([], [], "a build at import failed", BUILD_FAILED_STATUS)
         print(f"import raised {type(exc).__name__} (not a build failure; left to the rank workers)")
         return summary([], [], f"raised {type(exc).__name__}", IMPORT_FAILED_STATUS)
+    at_import = split_build.REPORTS[first:]
     try:
         source = source_text(candidate.read_bytes())  # the compile stage refused any other encoding
     except SourceEncodingError as err:
@@ -119,7 +144,7 @@ def import_and_build(candidate: Path) -> dict[str, Any] | None:
                   f"{o.error.splitlines()[0] if o.error else ''}")
     for u in undiscovered:
         print(f"not built ahead: {u.kind} in {u.function} line {u.line}: {u.reason}")
-    return summary(outcomes, undiscovered, "ok", BUILD_FAILED_STATUS if failed else OK_STATUS)
+    return summary(outcomes, undiscovered, "ok", BUILD_FAILED_STATUS if failed else OK_STATUS, at_import)
 
 
 def _set_dumpable(on: bool) -> None:
@@ -130,7 +155,7 @@ def _set_dumpable(on: bool) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
-def report_privately(candidate: Path, report_fd: int) -> int:
+def report_privately(candidate: Path, report_fd: int, cache: ObjectCache | None = None) -> int:
     """The candidate imported and built in a child process that never holds the report channel; this
     process (which runs no candidate code) writes the child's result, with the nonce, to the channel.
 
@@ -155,7 +180,7 @@ def report_privately(candidate: Path, report_fd: int) -> int:
             os.close(report_fd)
             os.close(read_end)
             _set_dumpable(True)
-            result = import_and_build(candidate)
+            result = import_and_build(candidate, cache)
             if result is not None:
                 _write_all(write_end, json.dumps(result, default=str).encode())
                 code = STATUS_EXIT[result["status"]]

@@ -13,15 +13,16 @@ through it) with `build`, which reads the `build.ninja` torch just wrote and:
   built from. A miss compiles it (beside the CUDA unit, not after it) and, where the cache is writable,
   stores it;
 - compiles every other unit as ninja would (nvcc with `-t` where the command names several architectures);
-- links, and writes a stamp of what was built, so a later call with the same folder (the rank's own first
-  call after the precompile) builds nothing.
+- links, and writes a stamp of what was built (harness.rank.prebuilt), so a later call with the same folder
+  (the rank's own first call after the precompile, which installs prebuilt's check) builds nothing.
 The commands are ninja's own (`/bin/sh -c`, in the build folder), so a build behaves as torch's does; a
 unit whose command ninja's file does not spell as torch writes it makes the whole build fall back to
 ninja. Multimem is rewritten before this runs: harness.emulation.build_hook rewrites `cuda.cu` as torch
 writes it, and this module compiles what is on disk.
 
-Trust: the cache is only ever written by a process no candidate code shares (the benchmark, a trusted
-builder); build processes that import a candidate get a read-only cache or none (`writable=False`).
+Trust: the cache is only ever written by a process no candidate code shares (the benchmark, the trusted
+binding store: harness.compiling.binding_store); build processes that import a candidate get a read-only
+cache or none (`writable=False`). What `REPORTS` says is the candidate process's own account: informational.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.compiling.build_cache import ObjectCache, digest, input_digests
+from harness.rank import prebuilt
 
-STAMP = ".pkb-split-build"
 BUILD_DIR_MARK = "<build>"
 BINDING_SOURCE = "main.cpp"
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) = ?(.*)$")
@@ -83,9 +84,10 @@ class BuildReport:
     binding: str = "none"  # "hit", "miss", "none" (no binding unit), "up_to_date"
     seconds: dict[str, float] = field(default_factory=dict)
     stored: bool = False
+    extension: str = ""  # the build folder's name (torch names it after the extension)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"binding_cache": self.binding, "stored": self.stored,
+        return {"extension": self.extension, "binding_cache": self.binding, "stored": self.stored,
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
 
 
@@ -98,7 +100,11 @@ def _expand(template: str, variables: dict[str, str]) -> str:
 
 def plan(build_directory: Path) -> Plan:
     """torch's build.ninja, read: the units and the link. SplitUnavailable for anything else."""
-    text = (build_directory / "build.ninja").read_text()
+    return parse((build_directory / "build.ninja").read_text())
+
+
+def parse(text: str) -> Plan:
+    """A build.ninja's text, read as `plan` reads it (the trusted side reads the file itself, as hostile)."""
     variables: dict[str, str] = {}
     rules: dict[str, str] = {}
     edges: list[tuple[str, str, str]] = []
@@ -161,15 +167,15 @@ def _toolkit_identity() -> str:
     return compiler_identity(os.path.join(home, "bin", "nvcc")) if home else ""
 
 
-def unit_key(unit: Unit, build_directory: Path) -> str | None:
-    """The cache key of a unit: its source bytes, its command (the build folder as a placeholder), the
+def unit_key(unit: Unit, build_directory: Path, source: bytes) -> str | None:
+    """The cache key of a unit: its source bytes (`source`: read by the caller, from the build folder or,
+    on the trusted side, from the stored snapshot), its command (the build folder as a placeholder), the
     compiler's version, torch's and the CUDA toolkit's (their headers are -isystem ones, which the depfile
     the cache checks leaves out); None when the compiler's version cannot be read (nothing is cached)."""
     words = shlex.split(unit.command)
     identity = compiler_identity(words[0]) if words else ""
     if not identity:
         return None
-    source = Path(unit.source).read_bytes()
     # The folder's path where it stands whole (followed by "/" or a space): "/x/b" is no part of "/x/bin".
     command = re.sub(re.escape(str(build_directory)) + r"(?=/|\s|$)", BUILD_DIR_MARK, unit.command)
     return digest(b"split-build-unit-1", source, command.encode(), identity.encode(), _torch_identity().encode(),
@@ -202,34 +208,24 @@ def _depfile_inputs(depfile: Path, source: str) -> list[str] | None:
     return sorted({os.path.abspath(p) for p in paths if os.path.abspath(p) != os.path.abspath(source)})
 
 
-def _stamp(build_directory: Path, built: Plan) -> str:
-    parts = [(build_directory / "build.ninja").read_bytes()]
-    parts += [Path(u.source).read_bytes() for u in built.units]
-    library = build_directory / built.library
-    parts.append(library.read_bytes() if library.is_file() else b"")
-    return digest(*parts)
-
-
-def _up_to_date(build_directory: Path, built: Plan) -> bool:
-    try:
-        return (build_directory / STAMP).read_text() == _stamp(build_directory, built)
-    except OSError:
-        return False
+def _stamp_files(build_directory: Path, built: Plan) -> list[Path]:
+    """What a build depended on, build.ninja first: harness.rank.prebuilt hashes them into its stamp."""
+    return [build_directory / "build.ninja", *(Path(u.source) for u in built.units), build_directory / built.library]
 
 
 def build(build_directory: Path, cache: ObjectCache | None, *, writable: bool) -> BuildReport:
     """Build the extension torch described in `build_directory`; RuntimeError with the compiler's output
     when a step fails (as torch's own ninja runner raises)."""
     built = plan(build_directory)
-    report = BuildReport()
-    if _up_to_date(build_directory, built):
+    report = BuildReport(extension=build_directory.name)
+    if prebuilt.up_to_date(build_directory):
         report.binding = "up_to_date"
         return report
     binding = next((u for u in built.units if u.rule == "compile" and Path(u.source).name == BINDING_SOURCE), None)
     jobs: dict[str, Callable[[], tuple[int, str, float]]] = {}
     key: str | None = None
     if binding is not None:
-        key = unit_key(binding, build_directory) if cache is not None else None
+        key = unit_key(binding, build_directory, Path(binding.source).read_bytes()) if cache is not None else None
         hit = cache.lookup(key) if cache is not None and key is not None else None
         if hit is not None:
             started = time.perf_counter()
@@ -258,7 +254,7 @@ def build(build_directory: Path, cache: ObjectCache | None, *, writable: bool) -
     report.seconds[built.link.output] = seconds
     if code != 0:
         raise RuntimeError(f"Error building extension: link failed\n{text}")
-    (build_directory / STAMP).write_text(_stamp(build_directory, built))
+    prebuilt.write_stamp(build_directory, _stamp_files(build_directory, built))
     return report
 
 

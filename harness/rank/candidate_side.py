@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from harness.common import failures, messages
-from harness.rank import refill, transport
+from harness.rank import prebuilt, refill, transport
 from harness.rank.calls import call_with_snapshots, delay, fingerprint, leaves, same_bytes
 from harness.rank.candidate import CandidateError, classify_load_error, load_candidate, trimmed_traceback
 from harness.rank.timed import TimedSession
@@ -77,6 +77,7 @@ def watch_builds(worker: Worker) -> None:
 
 def load(worker: Worker, req: messages.LoadCandidate) -> dict[str, Any]:
     watch_builds(worker)
+    prebuilt.install()  # the compile stage's split build is complete: the first call builds nothing
     if not worker.candidates and not worker.guard.captured:
         # Everything the worker relies on, as it is before the first line of candidate code runs. (Its module
         # is looked up, not imported: harness.rank.worker imports this one.)

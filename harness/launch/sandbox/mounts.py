@@ -159,9 +159,11 @@ def system_mounts(gpus: bool) -> list[Mount]:
 
 def plan(*, cwd: Path, visible: Iterable[Path], hide: Iterable[Path], scratch: Path | None,
          extensions: Path | None, ext_mount: str, gpus: bool, tmp_bytes: int | None,
-         shm_bytes: int | None) -> Layout:
+         shm_bytes: int | None, read_only: Iterable[tuple[Path, str]] = ()) -> Layout:
     """The mounts of a sandbox whose processes start in `cwd` (the checkout), see `visible` read-only
-    (files or folders: a problem, the candidate's copy) and write `scratch` and `extensions`."""
+    (files or folders: a problem, the candidate's copy) and write `scratch` and `extensions`. `read_only`:
+    (host folder, path inside) pairs bound read-only at a path of their own, last: a folder of the harness's
+    cache the sandbox may read but not find by its host path (the binding objects of a candidate's scope)."""
     layout = Layout()
     home = Path(os.path.expanduser("~")).resolve()
     protected = [p.resolve() for p in protected_paths(hide)]
@@ -205,6 +207,7 @@ def plan(*, cwd: Path, visible: Iterable[Path], hide: Iterable[Path], scratch: P
         layout.mounts.append(Mount("rw", str(scratch), str(scratch)))
     if extensions is not None:
         layout.mounts.append(Mount("rw", ext_mount, str(extensions)))
+    layout.mounts += [Mount("ro", inside, str(host)) for host, inside in read_only]
     return layout
 
 

@@ -155,7 +155,8 @@ class SandboxPolicy:
     """One sandbox: the scratch folder (the only writable place besides the extension build folder mounted at
     EXT_MOUNT), paths to hide although a code folder holds them, whether GPUs are visible, what else it
     must see read-only (a problem's file or checkout, the candidate's copy: harness.launch.sandbox.mounts), the
-    sizes of its /tmp and /dev/shm, and the sandbox this process can make (`info`, probed when None)."""
+    sizes of its /tmp and /dev/shm, the sandbox this process can make (`info`, probed when None), and
+    folders bound read-only at paths of their own (`read_only`: a compile stage's object cache)."""
 
     scratch: Path | None
     extensions: Path | None = None
@@ -164,6 +165,7 @@ class SandboxPolicy:
     visible: tuple[Path, ...] = field(default=())
     limits: SandboxLimits | None = None
     info: SandboxInfo | None = None
+    read_only: tuple[tuple[Path, str], ...] = ()  # (host folder, path inside): mounts.plan's `read_only`
 
     def _info(self) -> SandboxInfo:
         return self.info if self.info is not None else probe()
@@ -181,7 +183,7 @@ class SandboxPolicy:
         return mounts.plan(cwd=cwd, visible=self.visible, hide=self.hide, scratch=self.scratch,
                            extensions=self.extensions, ext_mount=EXT_MOUNT, gpus=self.gpus,
                            tmp_bytes=self.limits.tmp_bytes if self.limits else None,
-                           shm_bytes=self.limits.shm_bytes if self.limits else None)
+                           shm_bytes=self.limits.shm_bytes if self.limits else None, read_only=self.read_only)
 
     def bwrap_command(self, command: list[str], cwd: Path) -> list[str]:
         info = self._info()

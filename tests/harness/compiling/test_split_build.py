@@ -18,6 +18,7 @@ import pytest
 
 from harness.compiling import build_cache, split_build
 from harness.compiling.build_cache import MANIFEST, OBJECT, ObjectCache
+from harness.rank import prebuilt
 
 # A stand-in compiler: `--version` names it; otherwise it copies `-c IN` into `-o OUT` (prefixed by its
 # flags), writes a depfile naming a header, and logs the input it compiled.
@@ -140,7 +141,7 @@ def test_without_a_writable_cache_nothing_is_stored(tmp_path: Path, tools: Tools
 def test_the_key_changes_with_every_input(tmp_path: Path, tools: Tools, change: str):
     base = folder(tmp_path, tools, name="base")
     unit = split_build.plan(base).units[0]
-    before = split_build.unit_key(unit, base)
+    before = split_build.unit_key(unit, base, Path(unit.source).read_bytes())
     if change == "compiler":
         split_build.compiler_identity.cache_clear()
         tools.cxx.write_text(tools.cxx.read_text().replace("fake-cc 1.0", "fake-cc 1.1"))
@@ -151,14 +152,16 @@ def test_the_key_changes_with_every_input(tmp_path: Path, tools: Tools, change: 
         if change == "name":
             text = (other / "build.ninja").read_text().replace("TORCH_EXTENSION_NAME=demo", "TORCH_EXTENSION_NAME=x")
             (other / "build.ninja").write_text(text)
-    after = split_build.unit_key(split_build.plan(other).units[0], other)
+    unit = split_build.plan(other).units[0]
+    after = split_build.unit_key(unit, other, Path(unit.source).read_bytes())
     split_build.compiler_identity.cache_clear()
     assert before is not None and after is not None and before != after
 
 
 def test_the_same_inputs_in_another_folder_have_the_same_key(tmp_path: Path, tools: Tools):
     a, b = folder(tmp_path, tools, name="a"), folder(tmp_path, tools, name="b", kernel="k9")
-    keys = {split_build.unit_key(split_build.plan(f).units[0], f) for f in (a, b)}
+    units = [(split_build.plan(f).units[0], f) for f in (a, b)]
+    keys = {split_build.unit_key(u, f, Path(u.source).read_bytes()) for u, f in units}
     assert len(keys) == 1 and None not in keys
 
 
@@ -240,7 +243,7 @@ def test_a_failing_unit_raises_with_the_compilers_output(tmp_path: Path, tools: 
     tools.nvcc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'cuda.cu(1): error: nope' >&2\nexit 2\n")
     with pytest.raises(RuntimeError, match="error: nope"):
         split_build.build(where, ObjectCache(tmp_path / "cache"), writable=True)
-    assert not (where / split_build.STAMP).exists()
+    assert not (where / prebuilt.STAMP).exists()
 
 
 def test_several_architectures_compile_with_nvcc_threads():
