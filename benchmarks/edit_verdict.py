@@ -144,6 +144,9 @@ def check_record(step: int, wall_s: float, record: dict[str, Any]) -> Check:
     stages, integrity = _object(result.get("stages")), _object(result.get("integrity"))
     compile_s = stages.get("compile")
     builds = integrity.get("builds")
+    executor = _object(_object(result.get("environment")).get("executor"))
+    if executor.get("builds"):  # on a GPU: the build made before the lease (the stage within it found it cached)
+        compile_s, builds = executor.get("build_before_lease_s"), executor["builds"]
     return Check(step=step, wall_s=round(wall_s, 3),
                  compile_s=float(compile_s) if isinstance(compile_s, (int, float)) else None,
                  build_cache=build_mark(builds), binding_cache=binding_mark(builds),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.compiling.compile import HIT, MISS  # the marks of both caches
+from harness.records.results import EvalResult
 
 
 def build_records(builds: Any) -> list[dict[str, Any]]:
@@ -27,6 +28,16 @@ def binding_marks(builds: Any) -> list[str]:
             if isinstance(mark, str) and mark not in marks:
                 marks.append(mark)
     return marks
+
+
+def result_build(result: EvalResult) -> tuple[Any, Any]:
+    """A result's builds and build seconds: those of the build made before the GPU lease where an executor made
+    one (environment.executor: on a GPU the build runs before the lease, and the compile stage within the lease
+    then finds every build cached), else the compile stage's own."""
+    executor = result.environment.get("executor")
+    if isinstance(executor, dict) and executor.get("builds"):
+        return executor["builds"], executor.get("build_before_lease_s")
+    return result.integrity.get("builds"), result.stages.get("compile")
 
 
 def build_note(builds: Any, seconds: Any = None) -> str | None:

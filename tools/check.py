@@ -15,7 +15,7 @@ from harness.common import failures
 from harness.evaluate import evaluate
 from harness.records.results import EvalResult
 from tools.base import OutOfWall, ToolContext, ToolOutcome, bounded, out_of_wall, stopwatch, within_deadline
-from tools.build_note import build_note
+from tools.build_note import build_note, result_build
 from tools.render import Block, Keep
 
 # What each verdict but `correct` means for the model (the verdicts themselves: harness.common.failures).
@@ -107,7 +107,7 @@ def verdict_blocks(result: EvalResult, ctx: ToolContext, tool: str) -> list[Bloc
     """The verdict as text blocks in priority order (headline first, evidence last)."""
     tol = f"atol={ctx.problem.atol:g} rtol={ctx.problem.rtol:g}"
     setting = f"shape {ctx.shape!r}, W={ctx.world_size}, {ctx.device}"
-    build = build_note(result.integrity.get("builds"), result.stages.get("compile"))
+    build = build_note(*result_build(result))
     if result.correct:
         summary = [f"{tool}: correct on all {ctx.world_size} ranks over {result.trials} trials ({setting}); "
                    f"max abs err {_g(result.max_abs_err)}, max rel err {_g(result.max_rel_err)} within {tol}.",

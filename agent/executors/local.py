@@ -115,6 +115,10 @@ class LocalExecutor:
                         executor.update(held_s=round(held + alone, 6), judged_again_alone=first)
             if outcome is not None:
                 executor["build_before_lease_s"] = round(outcome.seconds, 6)
+                if outcome.builds:
+                    # The build itself, as it was made before the lease (the compile stage within the lease then
+                    # found it cached, and records every build as a "hit"): what the tools' build line reports.
+                    executor["builds"] = outcome.builds
             result = result.model_copy(update={"environment": {**result.environment, "executor": executor}})
             return with_candidate_name(result, path, request.candidate_name)
         except Exception as exc:  # the harness's own failure: reported, not raised into the agent loop

@@ -49,7 +49,11 @@ _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) = ?(.*)$")
 _BUILD = re.compile(r"^build (\S+): (\w+) (.+)$")
 _RULE_COMMANDS = {  # torch's rules, as its versions write them
     "compile": ("$cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags",),
+    # A CPU build of torch writes the first; a CUDA build (torch.version.cuda set) asks nvcc for a depfile,
+    # as 2.1x writes it (the second; the one-GPU edit benchmark of 2026-12-07 fell back to ninja on every
+    # build until it was listed) or as older versions did (the third).
     "cuda_compile": ("$nvcc $cuda_cflags -c $in -o $out $cuda_post_cflags",
+                     "$nvcc -MD -MF $out.d $cuda_cflags -c $in -o $out $cuda_post_cflags",
                      "$nvcc --generate-dependencies-with-compile --dependency-output $out.d $cuda_cflags -c $in "
                      "-o $out $cuda_post_cflags"),
     "link": ("$cxx $in $ldflags -o $out",),

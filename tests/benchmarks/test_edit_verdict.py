@@ -248,3 +248,14 @@ def test_a_dry_run_on_cpu_goes_through_the_agent_loop(tmp_path: Path) -> None:
     assert found["checks"][1]["wall_s"] == found["edit_walls_s"][0] == summary["median_edit_s"]
     script = json.loads((tmp_path / "all_reduce.script.json").read_text())
     assert [s[1] for s in script] == ["check", "check", "submit"]
+
+
+def test_a_gpu_checks_build_is_read_from_the_build_made_before_the_lease() -> None:
+    """On a GPU the executor builds before the lease; the compile stage within it finds the build cached (0 s,
+    "hit"): the check's build is the executor's."""
+    record = {"data": {"verdict": "correct", "correct": True, "result": {
+        "stages": {"compile": 0.0}, "integrity": {"builds": [{"cache": "hit"}]},
+        "environment": {"executor": {"build_before_lease_s": 7.5,
+                                     "builds": [{"cache": "miss", "binding_cache": "hit"}]}}}}}
+    check = ev.check_record(1, 14.0, record)
+    assert (check.compile_s, check.build_cache, check.binding_cache) == (7.5, "miss", "hit")

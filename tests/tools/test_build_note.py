@@ -75,3 +75,21 @@ def test_the_compile_answer_says_where_the_binding_unit_came_from(ctx: ToolConte
     candidate.write_text("x = 1\n")
     answer = compile_tool.run({}, ctx, candidate)
     assert "in 3.5 s" in answer.text and "came from the cache, only cuda_sources was compiled" in answer.text
+
+
+def test_a_gpu_results_build_line_is_the_build_made_before_the_lease():
+    """On a GPU the executor builds before the lease and the compile stage within it finds every build cached: the
+    line reports the build that was made (its seconds, its binding unit), not the stage's 0 s "hit"."""
+    from harness.records.results import EvalResult
+    from tools.build_note import result_build
+
+    made = [{"name": "ext", "ok": True, "cache": "miss", "binding_cache": "hit"}]
+    result = EvalResult.model_construct(
+        integrity={"builds": [{"name": "ext", "ok": True, "cache": "hit"}]}, stages={"compile": 0.0},
+        environment={"executor": {"name": "local", "build_before_lease_s": 6.25, "builds": made}})
+    builds, seconds = result_build(result)
+    assert builds == made and seconds == 6.25
+    assert build_note(builds, seconds) == ("build: 6.2 s; the binding unit (cpp_sources, torch headers) came from "
+                                           "the cache, only cuda_sources was compiled")
+    on_cpu = EvalResult.model_construct(integrity={"builds": made}, stages={"compile": 3.5}, environment={})
+    assert result_build(on_cpu) == (made, 3.5)

@@ -346,3 +346,31 @@ def test_the_report_shows_each_problems_build_time_and_cache_hits():
                           "build": summary}, None, 1, "cuda", None)
     assert cell.endswith("; build 12 s median, 2/3 cached")
     assert build_stage(samples, "q") == {"median_s": 1.0, "native": 0, "cached": 0}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("torch_cuda", [None, "13.0"])
+def test_torchs_own_build_ninja_is_read_whether_its_build_has_cuda_or_not(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          torch_cuda: str | None):
+    """torch writes the CUDA rule with nvcc's depfile (`-MD -MF $out.d`) when its own build has CUDA and without
+    it otherwise: the file its writer makes either way is planned, never left to ninja (on the GPU machine, where
+    torch has CUDA, every build fell back to ninja until the second form was listed)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")  # only named in the file: nothing is run
+    where = tmp_path / "ext"
+    where.mkdir()
+    sources = [str(where / "main.cpp"), str(where / "cuda.cu")]
+    cpp_extension._write_ninja_file(
+        path=str(where / "build.ninja"), cflags=["-DTORCH_EXTENSION_NAME=ext"], post_cflags=["-fPIC"],
+        cuda_cflags=["-gencode=arch=compute_90,code=sm_90"], cuda_post_cflags=["-O3"], cuda_dlink_post_cflags=None,
+        sycl_cflags=None, sycl_post_cflags=None, sycl_dlink_post_cflags=None, sources=sources,
+        objects=["main.o", "cuda.cuda.o"], ldflags=["-shared"], library_target="ext.so", with_cuda=True,
+        with_sycl=False)
+    assert ("-MD -MF $out.d" in (where / "build.ninja").read_text()) == (torch_cuda is not None)
+    built = split_build.plan(where)
+    units = [(u.rule, Path(u.source).name) for u in built.units]
+    assert units == [("compile", "main.cpp"), ("cuda_compile", "cuda.cu")]
+    assert built.library == "ext.so"
