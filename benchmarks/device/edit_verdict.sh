@@ -48,5 +48,8 @@ for problem in $PROBLEMS; do
 done
 python3 -m benchmarks.edit_verdict --read "$OUT/runs" --problems $PROBLEMS --device "$DEVICE" ${SHAPE:+--shape "$SHAPE"} \
   --out "$OUT" > "$OUT/table.md" 2>&1
+# The run folders in one archive: the device tool brings back no folder deeper than 16 levels or with many files,
+# and each check's record (candidates/NNN.json) is what tells where an edit's seconds went.
+tar czf "$OUT/runs.tgz" -C "$OUT" runs 2>/dev/null
 echo "script wall $(( $(date +%s) - started ))s" >> "$OUT/steps.txt"
 cat "$OUT/steps.txt" "$OUT/table.md"
