@@ -109,11 +109,19 @@ class Reader:
         return done
 
 
-def send_all(sock: socket.socket, parts: list[memoryview]) -> None:
-    """sendmsg until every byte of `parts` is in the kernel (a large payload goes in several calls)."""
+def send_all(sock: socket.socket, parts: list[memoryview], blocked: Callable[[], None] | None = None) -> None:
+    """sendmsg until every byte of `parts` is in the kernel (a large payload goes in several calls). With
+    `blocked`, no sendmsg waits: `blocked()` is called whenever the connection takes nothing."""
     parts = [p for p in parts if p.nbytes]
     while parts:
-        sent = sock.sendmsg(parts)
+        if blocked is None:
+            sent = sock.sendmsg(parts)
+        else:
+            try:
+                sent = sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                blocked()
+                continue
         while parts and sent >= parts[0].nbytes:
             sent -= parts[0].nbytes
             parts.pop(0)

@@ -127,10 +127,11 @@ def _entry(name: str, fn: Callable[..., Any]) -> Any:
         if threads != 1:
             torch.set_num_threads(1)
         try:
-            if not _profiler_enabled():  # the label costs about a sixth of a small call: only for a profile
-                return fn(self._x, *args, **kwargs)
-            with torch.profiler.record_function(label):
-                return fn(self._x, *args, **kwargs)
+            with self._x.links.owned():  # this thread reads the connections until it returns (links.py)
+                if not _profiler_enabled():  # the label costs about a sixth of a small call: only for a profile
+                    return fn(self._x, *args, **kwargs)
+                with torch.profiler.record_function(label):
+                    return fn(self._x, *args, **kwargs)
         finally:
             if threads != 1:
                 torch.set_num_threads(threads)
