@@ -43,6 +43,9 @@ P2P = 1
 COLLECTIVE_SECOND = 2  # a collective's second round (an all_reduce's all-gather), under the same key
 _ARMED = select.EPOLLIN | select.EPOLLONESHOT  # the draining thread's interest in a connection between operations
 _DISARMED = select.EPOLLONESHOT  # during one: a hang-up still wakes it, once
+# A payload from this size on is sent with the draining thread reading meanwhile: the kernel's copy of a large
+# send and the reading of the peers' large sends then overlap (W=4 all_reduce of 16 MiB sends 4 MiB pieces).
+LARGE = 1 << 20
 
 
 class PeerGone(RuntimeError):
@@ -99,6 +102,24 @@ class Links:
                 if self._owners == 0:
                     self._arm_all(_ARMED)
 
+    @contextlib.contextmanager
+    def _lent(self) -> Iterator[None]:
+        """The connections handed back to the draining thread for a while (a large send of an operation)."""
+        with self._arm_lock:
+            lent = self._owners > 0  # outside any operation the thread reads them already
+            if lent:
+                self._owners -= 1
+                if self._owners == 0:
+                    self._arm_all(_ARMED)
+        try:
+            yield
+        finally:
+            if lent:
+                with self._arm_lock:
+                    self._owners += 1
+                    if self._owners == 1:
+                        self._arm_all(_DISARMED)
+
     def _arm_all(self, events: int) -> None:
         for peer in self._socks:
             self._arm(peer, events)
@@ -122,7 +143,12 @@ class Links:
         head = encode_head(kind, key, meta, body.nbytes)
         try:
             with self._send_locks[peer]:
-                send_all(self._socks[peer], [memoryview(head), body], blocked=lambda: self._read_while_blocked(peer))
+                if body.nbytes < LARGE:
+                    send_all(self._socks[peer], [memoryview(head), body],
+                             blocked=lambda: self._read_while_blocked(peer))
+                else:  # the kernel copies while the draining thread reads (on another core): as before for these
+                    with self._lent():
+                        send_all(self._socks[peer], [memoryview(head), body])
         except OSError as err:
             raise PeerGone(f"rank {peer} of this group closed its connection: {err}") from err
         self.bytes_sent += len(head) + body.nbytes

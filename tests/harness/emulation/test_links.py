@@ -52,17 +52,20 @@ def test_inside_an_operation_a_message_waits_for_its_caller_and_between_them_the
     assert _filed(a, 2)
 
 
-def test_two_ranks_that_send_each_other_more_than_the_sockets_hold_both_finish(pair) -> None:
-    """Both inside an operation (their threads kept off), both sending 32 MiB first: each send reads while
-    it would block, so neither waits for the other forever."""
+@pytest.mark.parametrize("size, count", [(512 << 10, 64), (32 << 20, 1)], ids=["pieces", "large"])
+def test_two_ranks_that_send_each_other_more_than_the_sockets_hold_both_finish(pair, size, count) -> None:
+    """Both inside an operation (their threads kept off), both sending 32 MiB first: each send of a piece
+    reads while it would block, a large send hands the connections to the draining thread meanwhile, so
+    neither waits for the other forever."""
     a, b = pair
-    data = b"z" * (32 << 20)
-    got: dict[int, bytes] = {}
+    data = b"z" * size
+    got: dict[int, list[bytes]] = {}
 
     def exchange(me: Links, peer: int) -> None:
         with me.owned():
-            me.send(peer, COLLECTIVE, 7, META, data)
-            got[me.rank] = bytes(me.take(peer, COLLECTIVE, 7, "t").payload)
+            for key in range(count):
+                me.send(peer, COLLECTIVE, key, META, data)
+            got[me.rank] = [bytes(me.take(peer, COLLECTIVE, key, "t").payload) for key in range(count)]
 
     threads = [threading.Thread(target=exchange, args=(a, 1), daemon=True),
                threading.Thread(target=exchange, args=(b, 0), daemon=True)]
@@ -71,4 +74,4 @@ def test_two_ranks_that_send_each_other_more_than_the_sockets_hold_both_finish(p
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
-    assert got == {0: data, 1: data}
+    assert got == {0: [data] * count, 1: [data] * count}
