@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from agent.report.leases import last_pass_summary  # noqa: E402
 from benchmarks.budgeted_child import ChildRun, Segments, run_for  # noqa: E402
+from harness.emulation import rewrite_record  # noqa: E402
 from harness.problems.parallelkernelbench.multicast import multicast_reason  # noqa: E402
 
 # The replay's segments (one per machine it ran on), kept beside the run folder.
@@ -101,7 +102,9 @@ def rows_of(run: Path, files: list[str], set_dir: Path) -> list[dict[str, Any]]:
                "check_s": stages.get("check"),  # the calls and the judge's comparisons, with the GPU leased
                "reason": message.splitlines()[0][:200] if message else "",
                "reference_cost": (result.get("integrity") or {}).get("reference_cost"),
-               "shared": bool(executor.get("shared")), "judged_again_alone": executor.get("judged_again_alone")}
+               "shared": bool(executor.get("shared")), "judged_again_alone": executor.get("judged_again_alone"),
+               # the trusted side's record of builds rewritten for multimem (harness.emulation.rewrite_record)
+               "multimem_rewritten": rewrite_record.of_result(result)}
         if row["verdict"] == "infra_error":
             row["cause"] = cause_of(message)
         rows.append(row)
@@ -155,6 +158,8 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
              f"| multicast files (rewritten to unicast) | {len(multicast)}: "
              f"{', '.join(f'{v}: {n}' for v, n in multicast_verdicts.most_common()) or '-'} |"
              + was("refused"),
+             f"| results whose build was rewritten for multimem | "
+             f"{sum(1 for r in rows if r.get('multimem_rewritten'))} |" + was("-"),
              f"| wall | {wall_s:.0f} s |" + was(before["wall"] if before else ""),
              f"| sample wall, median | {median(seconds)} s |" + was("149 s"),
              f"| shared the GPU / judged again alone (same verdict alone) | {sum(1 for r in done if r.get('shared'))}"
@@ -170,6 +175,8 @@ def markdown(rows: list[dict[str, Any]], wall_s: float, finished: bool, args: ar
                                          r["file"])):
         reason = r.get("cause") or r.get("reason") or r.get("status") or ""
         mark = "yes" if r.get("multicast") else ""
+        if r.get("multimem_rewritten"):
+            mark = f"{mark or 'no'}, rewritten: {rewrite_record.describe(r['multimem_rewritten'])}"
         lines.append(f"| {r['file']} | {mark} | {r['problem']} | {r['verdict'] or r.get('status')} "
                      f"| {r.get('seconds') or ''} "
                      f"| {r.get('compile_s') or ''} | {r.get('build_in_call_s') or ''} | {_seconds(r.get('held_s'))} "

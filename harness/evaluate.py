@@ -41,6 +41,7 @@ from harness.common.seeds import TIMING_TRIAL_BASE, fill_recipe
 from harness.compiling import requirements
 from harness.compiling.compile import CompileOutcome, compile_candidate, keep_lazy_builds, private_copy, visible_for
 from harness.config import EvalConfig, TimingConfig
+from harness.emulation import rewrite_record
 from harness.emulation.errors import parse_refusal, refusal_is_plausible
 from harness.judge import plausibility, timing, trials, watchdog
 from harness.judge.reference import ReferenceFailed, ReferenceRun
@@ -268,6 +269,8 @@ class _Evaluation:
         if not outcome.ok:
             self.failure = Failure(verdict=outcome.verdict, message=outcome.message,
                                    evidence=outcome.evidence, phase="compile")
+            if outcome.native and outcome.verdict == failures.COMPILE_ERROR:  # no build folder was kept
+                self.note_rewrites(rewrite_record.of_source(self.source.decode(errors="replace")))
             return False
         self.ext_entry = outcome.extensions
         static = static_scan(self.source.decode(errors="replace"))
@@ -275,6 +278,11 @@ class _Evaluation:
             self.evidence["static"] = static
             self.flags.extend(f["flag"] for f in static)
         return True
+
+    def note_rewrites(self, record: dict[str, Any] | None) -> None:
+        """Builds whose CUDA source was rewritten for multimem (harness.emulation.rewrite_record)."""
+        if record is not None:
+            self.evidence.setdefault("emulation", {})["multimem_rewritten"] = record
 
     def start_pools(self) -> None:
         limits = self.config.limits
@@ -631,6 +639,8 @@ class _Evaluation:
                     self.pool.close()
                 else:
                     self.pool.kill()  # after a failure the ranks may be stuck in a collective: no polite exit
+            if not self.abandoned:  # the ranks are gone: what they built stays as it is now
+                self.note_rewrites(rewrite_record.of_folder(self.ext_files, self.ext_entry))
             if self.ext_files is not None and self.failure is None and not self.abandoned:
                 added = keep_lazy_builds(self.ext_files, self.ext_entry)
                 if added:

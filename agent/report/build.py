@@ -23,6 +23,7 @@ from agent.conditions import REPLAY, ZERO_SHOT
 from agent.report import accounting, compare, metrics, trajectories
 from agent.report.run_reader import Run, Sample
 from harness.common.flags import is_emulated, timing_note
+from harness.emulation import rewrite_record
 
 REPORT_SCHEMA = "pkb-report/1"
 BASELINE_CONDITION = ZERO_SHOT
@@ -320,6 +321,11 @@ def notes(runs: Sequence[Run]) -> list[str]:
             shared = f"{ranks_per_gpu(run)} ranks share each GPU" if ranks_per_gpu(run) > 1 else "ranks share GPUs"
             out.append(f"run {label} is emulated ({shared}, symmetric memory emulated, host collectives): "
                        "correctness is real, its timings are not speedups, and no sample of it counts as fast")
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        rewritten = sorted({s.record.problem for s in run.samples if rewrite_record.of_result(s.result) is not None})
+        if rewritten:
+            out.append(f"run {label}: {len(rewritten)} problem(s) ran builds rewritten for multimem (NVLink multicast "
+                       f"emulated with unicast accesses, docs/emulation.md): {', '.join(rewritten)}")
     if len(runs) > 1:
         for key, name in SETTINGS_COMPARED:
             values = [r.config.get(key) for r in runs]

@@ -10,7 +10,8 @@ In a rank process, once the gloo group exists and before the candidate is import
 On the trusted side, `harness.emulation.errors` (no torch needed) recognises refusals
 (`not available in emulation: ...`) and `harness.emulation.layout` places ranks on GPUs. Multicast is
 emulated without multicast: `multimem_rewrite` (pure Python) turns multimem instructions into unicast
-accesses, `build_hook` applies it where torch builds, `multimem_scan` checks the binaries.
+accesses, `build_hook` applies it where torch builds, `multimem_scan` checks the binaries, and
+`rewrite_record` reads back which builds were rewritten, for the result.
 
 May import: common.
 """

@@ -38,6 +38,7 @@ from harness.emulation.collectives import movement, p2p, reductions
 from harness.emulation.collectives.exchange import Exchange
 
 BACKEND = "pkbhost"
+_profiler_enabled: Callable[[], bool] = torch._C._autograd._profiler_enabled  # whether a torch profiler records
 # torch's stubs give ProcessGroup's methods their Python-facing overloads; a subclass implements the
 # methods torch's C++ side calls (allreduce(tensors, opts), ...), so the base is typed as Any here.
 _ProcessGroup: Any = dist.ProcessGroup
@@ -123,12 +124,17 @@ def _entry(name: str, fn: Callable[..., Any]) -> Any:
     @functools.wraps(fn)
     def call(self: HostProcessGroup, *args: Any, **kwargs: Any) -> Any:
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        if threads != 1:
+            torch.set_num_threads(1)
         try:
-            with torch.profiler.record_function(label):
-                return fn(self._x, *args, **kwargs)
+            with self._x.links.owned():  # this thread reads the connections until it returns (links.py)
+                if not _profiler_enabled():  # the label costs about a sixth of a small call: only for a profile
+                    return fn(self._x, *args, **kwargs)
+                with torch.profiler.record_function(label):
+                    return fn(self._x, *args, **kwargs)
         finally:
-            torch.set_num_threads(threads)
+            if threads != 1:
+                torch.set_num_threads(threads)
     call.__name__ = name
     return call
 

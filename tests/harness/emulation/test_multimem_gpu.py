@@ -14,6 +14,7 @@ import pytest
 from harness.common import failures
 from harness.common.paths import REPO_ROOT
 from harness.config import EvalConfig, TimingConfig
+from harness.emulation.multimem_rewrite import rewrite
 from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
 
@@ -43,3 +44,7 @@ def test_multimem_fixture_under_emulation(tmp_path, kernel, template, problem, v
     result = evaluate(get(load_suite(), problem), candidate(tmp_path, kernel, template), world_size=2,
                       device="cuda", shape="small", config=config)
     assert result.verdict == verdict, result.failure
+    # The result says its build was rewritten, and which instructions (harness.emulation.rewrite_record).
+    rewritten = result.integrity["emulation"]["multimem_rewritten"]
+    assert rewritten["files"] == 1 and rewritten["seen_in"] == "builds"
+    assert rewritten["instructions"] == dict(sorted(rewrite((FIXTURES / kernel).read_text()).rewritten.items()))
