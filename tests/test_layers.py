@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("agent", "tools", "prompts", "harness", "problems")
 # The folders whose imports are ruled: each says in its __init__'s docstring what it may import, on a line
 # "May import: a, b." (names of the level above it: packages, or harness's folders and top modules).
-HARNESS_FOLDERS = ("common", "compiling", "emulation", "judge", "launch", "measure", "problems", "rank", "records")
+HARNESS_FOLDERS = ("common", "compiling", "emulation", "evaluation", "judge", "launch", "measure", "problems",
+                   "rank", "records")
 _MAY_IMPORT = re.compile(r"^May import: (.+?)\.$", re.MULTILINE | re.DOTALL)
 
 
