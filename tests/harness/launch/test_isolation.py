@@ -281,7 +281,7 @@ def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_nam
     the limit its whole session dies (ninja gave the compiler a process group of its own) and torch's
     build lock goes; without that, the next build of an extension with that name waits on the lock
     until it, too, times out."""
-    name = "pkb_test_stopped_build"
+    name = f"pkb_test_stopped_build_{os.getpid()}"  # machine-wide process scans below: no other session's build
     stuck = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 1; }\n', stuck=True)
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(a=compile_candidate(stuck, 15.0, "cpu")))
