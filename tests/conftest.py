@@ -126,7 +126,7 @@ def _turn(exclusive: bool) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     if WORKER is None:
         return (yield)
     with _turn(exclusive=item.get_closest_marker("serial") is not None):
