@@ -6,11 +6,14 @@ at once (and the session at its end, should the error have been swallowed)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +31,17 @@ CANDIDATES = TESTS / "candidates"
 # The user's cache, as harness.records.cache_dir finds it without PKB_CACHE_DIR; the session's own, set before any test
 # module (or the harness) is imported. A PKB_CACHE_DIR the user exported is overridden too: it may be that one.
 USER_CACHE = Path.home() / ".cache" / "pkb-agent"
-SESSION_CACHE = Path(tempfile.mkdtemp(prefix="pkb-test-cache-"))
-os.environ["PKB_CACHE_DIR"] = str(SESSION_CACHE)
+# Under pytest-xdist this file is imported by the controller first, then by every worker it starts: the controller
+# makes the cache and its workers inherit the path (PKB_TEST_SESSION_CACHE), so a build or a reference timing is
+# paid once per run, not once per worker (builds, the key and the timings already take file locks, as `pkb run
+# --concurrency` needs). The process that made the folder removes it, at its session's end: the controller ends
+# after its workers. A worker started without the variable (its controller never imported this file) makes its own.
+_SHARED_CACHE = "PKB_TEST_SESSION_CACHE"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under xdist; None in a plain run
+_inherited = os.environ.get(_SHARED_CACHE) if WORKER else None
+SESSION_CACHE = Path(_inherited) if _inherited else Path(tempfile.mkdtemp(prefix="pkb-test-cache-"))
+_MADE_HERE = not _inherited
+os.environ[_SHARED_CACHE] = os.environ["PKB_CACHE_DIR"] = str(SESSION_CACHE)
 
 # Audit events that change the file system, and which of their arguments are paths written.
 _WRITES = {"os.mkdir": (0,), "os.rename": (0, 1), "os.remove": (0,), "os.rmdir": (0,), "os.link": (1,),
@@ -77,7 +89,48 @@ def _user_cache_untouched() -> Any:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if _MADE_HERE:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+        for lock in _LOCKS:
+            Path(f"{SESSION_CACHE}.{lock}").unlink(missing_ok=True)
+
+
+# `@pytest.mark.serial`: a test whose claim is about the whole machine (a folder every process shares, such as
+# /dev/shm) runs alone under xdist. Every other test holds a shared lock while it runs, a serial one the exclusive
+# lock; the turnstile, taken first by both and held by a serial test while it waits, lets a waiting serial test in
+# before the next ordinary ones (flock alone would let a stream of shared holders starve it). The lock files sit
+# beside the session cache, made by the process that made the cache; in a plain run there is nothing to exclude.
+_LOCKS = ("turnstile", "serial")
+_lock_fds: dict[str, int] = {}
+
+
+def _lock_fd(name: str) -> int:
+    if name not in _lock_fds:  # never through a link: the path is in the shared /tmp
+        _lock_fds[name] = os.open(f"{SESSION_CACHE}.{name}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                  0o600)
+    return _lock_fds[name]
+
+
+@contextlib.contextmanager
+def _turn(exclusive: bool) -> Iterator[None]:
+    turnstile, serial = _lock_fd("turnstile"), _lock_fd("serial")
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(serial, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    finally:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        fcntl.flock(serial, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if WORKER is None:
+        return (yield)
+    with _turn(exclusive=item.get_closest_marker("serial") is not None):
+        return (yield)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -276,12 +276,13 @@ def _native_candidate(folder: Path, name: str, source: str, stuck: bool = False)
 
 @pytest.mark.skipif(not (shutil.which("c++") and shutil.which("ninja")), reason="needs a C++ compiler and ninja")
 @pytest.mark.slow
+@pytest.mark.serial  # its 15 s limit must find the compiler running: at load 10-14 it did not (2026-12-07)
 def test_a_build_that_never_ends_is_stopped_whole_and_the_next_build_of_that_name_works(tmp_path):
     """The compiler blocks on an #include of a FIFO that never delivers: a compile that never ends. At
     the limit its whole session dies (ninja gave the compiler a process group of its own) and torch's
     build lock goes; without that, the next build of an extension with that name waits on the lock
     until it, too, times out."""
-    name = "pkb_test_stopped_build"
+    name = f"pkb_test_stopped_build_{os.getpid()}"  # machine-wide process scans below: no other session's build
     stuck = _native_candidate(tmp_path, name, 'extern "C" int answer() { return 1; }\n', stuck=True)
     outcome: dict = {}
     worker = threading.Thread(target=lambda: outcome.update(a=compile_candidate(stuck, 15.0, "cpu")))
