@@ -1,11 +1,13 @@
-"""`pkb run`'s run configuration from its options, and the check that options given with --resume agree with
-the stored run."""
+"""`pkb run`'s options read once into the run's settings: a RunRequest holds the RunConfig (built from the options,
+or the stored run's, which options given with --resume must agree with), where the run lives, and how this pass
+runs (what run.json does not store). Everything after reads the request, never the options again."""
 
 from __future__ import annotations
 
 import argparse
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from agent.context import DEFAULT_SHARE
 from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
 from agent.prompting import OURS, PKB, PromptChoiceError, check_conditions, parse_prompt
 from agent.rundir import RunDir
-from agent.runner import RunConfig
+from agent.runner import RunConfig, RunError, load_run_config
 from harness.problems.parallelkernelbench import checkout
 from harness.problems.parallelkernelbench.solutions import solution_set_info
 from harness.problems.problem import Problem
@@ -37,15 +39,15 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--shell-timeout", "shell_timeout_s"), ("--precision", "precision"))
 
 
-def _model_text(text: str) -> str:
-    """The canonical model string: replay and script paths made absolute, so a resume works from anywhere."""
+def _model(text: str) -> ModelSpec:
+    """The model as the run stores it: replay and script paths made absolute, so a resume works from anywhere."""
     try:
         spec = parse_model_spec(text)
     except ProviderError as err:
         raise CliError(str(err)) from None
     if spec.provider == "replay" or (spec.provider == "scripted" and spec.name.endswith(".json")):
-        return f"{spec.provider}:{Path(spec.name).expanduser().resolve()}"
-    return spec.text
+        return ModelSpec(spec.provider, str(Path(spec.name).expanduser().resolve()))
+    return spec
 
 
 def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -84,11 +86,57 @@ def _problems(source: str | None, selection: Sequence[str] | None) -> list[Probl
     return select_in(resolve_source(source), selection)
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """`pkb run`'s options, read once: the run's config and model, its folder, and how this pass runs."""
+
+    config: RunConfig  # built from the options, or the stored run's (--resume, --retry-infra)
+    spec: ModelSpec  # config.model, parsed
+    run_dir: RunDir
+    resuming: bool  # --resume or --retry-infra: the run exists, its stored config is what runs
+    retry_infra: bool  # judge again only the samples in infra_error
+    selection: Sequence[str] | None  # --problems as given (a resumed run keeps config.problems)
+    concurrency: int
+    evaluations_per_gpu: int
+    executor: str  # "local" or "ray" (agent.cli.options builds it; not part of the run)
+
+    @property
+    def replay_dir(self) -> Path | None:
+        return Path(self.spec.name) if self.spec.provider == "replay" else None
+
+
+def request_from_args(args: argparse.Namespace) -> RunRequest:
+    """The run the options describe: a new one (its folder must not exist), or the stored one they resume, with
+    the options given again checked against it."""
+    resuming = bool(args.resume or args.retry_infra)
+    if resuming:
+        run_dir = RunDir(Path(args.runs_dir) / args.run_id)
+        try:
+            config = load_run_config(run_dir)
+        except RunError as err:
+            raise CliError(str(err)) from None
+        check_resume_args(args, config, run_dir)
+        spec = parse_model_spec(config.model)
+    else:
+        config, spec = _fresh(args)
+        run_dir = RunDir(Path(args.runs_dir) / (args.run_id or _run_id(spec)))
+        if run_dir.run_json.exists():
+            raise CliError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
+    return RunRequest(config=config, spec=spec, run_dir=run_dir, resuming=resuming, retry_infra=args.retry_infra,
+                      selection=args.problems, concurrency=args.concurrency,
+                      evaluations_per_gpu=args.evaluations_per_gpu, executor=args.executor)
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """A new run's config from its options (`pkb sweep` builds each cell's so)."""
+    return _fresh(args)[0]
+
+
+def _fresh(args: argparse.Namespace) -> tuple[RunConfig, ModelSpec]:
     if not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
-    model = _model_text(args.model)
-    spec = parse_model_spec(model)
+    spec = _model(args.model)
+    model = spec.text
     conditions = _conditions(args, spec)
     device = args.device or "cpu"
     if args.samples is not None and args.samples < 1:
@@ -133,7 +181,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         pkb_hardware=hardware,
         shell_timeout_s=_positive(args.shell_timeout, "--shell-timeout") if args.shell_timeout is not None else 120.0,
         precision=precision,
-    )
+    ), spec
 
 
 def _positive(value: float, option: str) -> float:
@@ -182,8 +230,8 @@ def _prompt(args: argparse.Namespace, conditions: list[Condition], precision: st
 def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> None:
     """Options given with --resume must agree with the stored run (the stored config is what runs)."""
     given: dict[str, Any] = {
-        "model": _model_text(args.model) if args.model else None,
-        "conditions": ([c.name for c in _conditions(args, parse_model_spec(_model_text(args.model or stored.model)))]
+        "model": _model(args.model).text if args.model else None,
+        "conditions": ([c.name for c in _conditions(args, _model(args.model or stored.model))]
                        if (args.condition or args.tools) else None),
         "samples": args.samples, "source": args.source, "device": args.device, "world_size": args.world_size,
         "ranks_per_gpu": args.ranks_per_gpu,
@@ -210,7 +258,11 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
 
 
 def default_run_id(model: str) -> str:
-    spec = parse_model_spec(model)
+    return _run_id(parse_model_spec(model))
+
+
+def _run_id(spec: ModelSpec) -> str:
+    """The time and the model, as a folder name."""
     name = Path(spec.name).name if spec.provider in ("replay", "scripted") else spec.name
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{spec.provider}-{name}").strip("-")[:60]
     return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{slug}"
