@@ -159,7 +159,7 @@ class Runner:
         saver = SqliteSaver(conn, serde=RedactingSerializer())
         saver.setup()
         self._life = SampleLife(run_dir=self.run_dir, config=self.config, eval_config=self.eval_config,
-                                model_name=self.spec.text, prices=self.prices, topology=self.topology,
+                                prices=self.prices, topology=self.topology,
                                 policy=self.policy, prompt=self.prompt_choice, scheduler=self.scheduler,
                                 executor=self.remote,
                                 model_factory=self.model_factory, saver=saver, log=log)
