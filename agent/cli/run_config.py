@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.budgets import Budget
 from agent.cli.common import CliError
-from agent.cli.source import PKB_PREFIX, resolve_source, select_in
+from agent.cli.source import PKB_PREFIX
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
 from agent.context import DEFAULT_SHARE
 from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
@@ -23,11 +23,14 @@ from agent.rundir import RunDir
 from agent.runner import RunConfig, RunError, load_run_config
 from harness.problems.parallelkernelbench import checkout
 from harness.problems.parallelkernelbench.solutions import solution_set_info
-from harness.problems.problem import Problem
 
-# (option, RunConfig field): options that, given with --resume, must agree with the stored run.
+# An option given with --resume that disagrees with the stored run's field `key`, in one line.
+RESUME_MISMATCH = ("--resume: run {run} was started with {key} {stored!r}, not {value!r}; leave {option} out to "
+                   "continue it, or start a new run")
+# (option, RunConfig field): options that, given with --resume, must agree with the stored run (--problems too,
+# once the suite is read: agent.cli.run_checks).
 RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--samples", "samples"),
-                  ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
+                  ("--source", "source"), ("--device", "device"),
                   ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"),
                   ("--seed", "seed"), ("--trials", "trials"),
                   ("--base-url", "base_url"), ("--prices", "prices"), ("budgets", "budgets"),
@@ -82,10 +85,6 @@ def _conditions(args: argparse.Namespace, spec: ModelSpec) -> list[Condition]:
     return conditions
 
 
-def _problems(source: str | None, selection: Sequence[str] | None) -> list[Problem]:
-    return select_in(resolve_source(source), selection)
-
-
 @dataclass(frozen=True)
 class RunRequest:
     """`pkb run`'s options, read once: the run's config and model, its folder, and how this pass runs."""
@@ -109,19 +108,18 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
     """The run the options describe: a new one (its folder must not exist), or the stored one they resume, with
     the options given again checked against it."""
     resuming = bool(args.resume or args.retry_infra)
-    if resuming:
+    if not resuming:
+        config, spec = _fresh(args)
+        run_dir = RunDir(Path(args.runs_dir) / (args.run_id or _run_id(spec)))
+        if run_dir.run_json.exists():
+            raise CliError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
+    else:
         run_dir = RunDir(Path(args.runs_dir) / args.run_id)
         try:
             config = load_run_config(run_dir)
         except RunError as err:
             raise CliError(str(err)) from None
-        check_resume_args(args, config, run_dir)
-        spec = parse_model_spec(config.model)
-    else:
-        config, spec = _fresh(args)
-        run_dir = RunDir(Path(args.runs_dir) / (args.run_id or _run_id(spec)))
-        if run_dir.run_json.exists():
-            raise CliError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
+        spec = check_resume_args(args, config, run_dir)
     return RunRequest(config=config, spec=spec, run_dir=run_dir, resuming=resuming, retry_infra=args.retry_infra,
                       selection=args.problems, concurrency=args.concurrency,
                       evaluations_per_gpu=args.evaluations_per_gpu, executor=args.executor)
@@ -227,17 +225,17 @@ def _prompt(args: argparse.Namespace, conditions: list[Condition], precision: st
     return f"{PKB}:{choice.checkout}", args.pkb_hardware
 
 
-def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> None:
-    """Options given with --resume must agree with the stored run (the stored config is what runs)."""
+def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> ModelSpec:
+    """Options given with --resume must agree with the stored run (the stored config is what runs); returns the
+    stored run's model. --problems is checked where the suite is read (agent.cli.run_checks)."""
+    spec = _model(args.model or stored.model)  # a --model given must name the stored one, checked below
     given: dict[str, Any] = {
-        "model": _model(args.model).text if args.model else None,
-        "conditions": ([c.name for c in _conditions(args, _model(args.model or stored.model))]
-                       if (args.condition or args.tools) else None),
+        "model": spec.text if args.model else None,
+        "conditions": [c.name for c in _conditions(args, spec)] if (args.condition or args.tools) else None,
         "samples": args.samples, "source": args.source, "device": args.device, "world_size": args.world_size,
         "ranks_per_gpu": args.ranks_per_gpu,
         "shape": args.shape, "seed": args.seed, "trials": args.trials, "base_url": args.base_url,
         "prices": str(Path(args.prices).resolve()) if args.prices else None, "budgets": _budget(args),
-        "problems": ([p.name for p in _problems(stored.source, args.problems)] if args.problems else None),
         "temperature": args.temperature, "max_reply_tokens": args.max_reply_tokens,
         "skip_timing": True if args.no_timing else None, "guide_in_prompt": False if args.no_guide else None,
         "api_key_env": args.api_key_env, "reasoning_effort": args.reasoning_effort,
@@ -252,9 +250,9 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
     for option, key in RESUME_CHECKED:
         value = given[key]
         if value is not None and value != getattr(stored, key):
-            option = "--budget-*" if key == "budgets" else option
-            raise CliError(f"--resume: run {run_dir.path.name} was started with {key} {getattr(stored, key)!r}, "
-                           f"not {value!r}; leave {option} out to continue it, or start a new run")
+            raise CliError(RESUME_MISMATCH.format(run=run_dir.path.name, key=key, stored=getattr(stored, key),
+                                                  value=value, option="--budget-*" if key == "budgets" else option))
+    return spec
 
 
 def default_run_id(model: str) -> str:

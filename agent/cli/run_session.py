@@ -1,6 +1,7 @@
-"""`pkb run` itself, once agent.cli.run's checks have passed: the options read once into the run's request
-(agent.cli.run_config), the checks that need the suite, the devices and the model (agent.cli.run_checks), the run
-with its progress line (agent.cli.run_progress) and its summary (agent.cli.run_print)."""
+"""`pkb run` itself, once agent.cli.run's checks have passed. Its data flows one way: the options are read once
+into the run's request (agent.cli.run_config); the problems (agent.cli.run_problems), this node's devices
+(agent.cli.run_devices) and the model (agent.cli.run_model) are checked against it; the run goes with its
+progress line (agent.cli.run_progress) and ends with its summary (agent.cli.run_print)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import NoReturn
 
 from agent.cli.common import CliError, err_console, leave, plain, terminal_safe
 from agent.cli.options import executor_from_args
-from agent.cli.run_checks import check
-from agent.cli.run_checks import check_device as check_device  # re-exported: the tests know them here
-from agent.cli.run_checks import check_model as check_model  # re-exported: `pkb sweep` checks its models so
 from agent.cli.run_config import request_from_args
+from agent.cli.run_devices import check_device as check_device  # re-exported: the tests know it here
+from agent.cli.run_model import check_model
 from agent.cli.run_print import print_device_use as _print_device_use  # noqa: F401 (re-exported for the tests)
 from agent.cli.run_print import print_outcome
+from agent.cli.run_problems import select_problems
 from agent.cli.run_progress import PROGRESS_COLUMNS as PROGRESS_COLUMNS  # re-exported: `pkb sweep` shows cells so
 from agent.cli.run_progress import Tally as Tally
 from agent.cli.run_progress import Within as Within
@@ -40,25 +41,27 @@ def run(args: argparse.Namespace, within: Within | None = None) -> tuple[RunSumm
     """Check, create or resume, and run the run that `pkb run`'s options describe; `within`: as part of a sweep,
     whose progress bar it advances (and whose command an interrupt prints)."""
     request = request_from_args(args)
-    checked = check(request)
-    config, run_dir = checked.config, request.run_dir
+    run_dir = request.run_dir
+    selection = select_problems(request)
+    config = request.config.model_copy(update={"problems": [p.name for p in selection.problems]})
+    scheduler = check_device(config, request.executor, request.evaluations_per_gpu)
+    prices = check_model(config, request.spec)
     # Last of the checks (it may start or join a cluster); an unreachable cluster is one line, nothing written.
-    executor = executor_from_args(args, device=config.device, world_size=config.world_size,
-                                  scheduler=checked.scheduler)
+    executor = executor_from_args(args, device=config.device, world_size=config.world_size, scheduler=scheduler)
     interrupted: KeyboardInterrupt | None = None
     try:
-        if checked.skipped:  # said once every check has passed, so that bad input stays one line
-            print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(checked.skipped)}",
+        if selection.skipped:  # said once every check has passed, so that bad input stays one line
+            print(f"pkb: skipping problem(s) without world size {config.world_size}: {', '.join(selection.skipped)}",
                   file=sys.stderr)
         if not request.resuming:
             try:
-                create_run(run_dir, config, checked.prices, problems=checked.problems, executor=executor.name)
+                create_run(run_dir, config, prices, problems=selection.problems, executor=executor.name)
             except RunError as err:
                 raise CliError(str(err)) from None
-        if checked.replay is not None and checked.replay.matches:
-            _account_for_replay(checked.replay, run_dir)
-        runner = Runner(run_dir, config, checked.problems, concurrency=request.concurrency, prices=checked.prices,
-                        replay=checked.replay, scheduler=checked.scheduler, executor=executor,
+        if selection.replay is not None and selection.replay.matches:
+            _account_for_replay(selection.replay, run_dir)
+        runner = Runner(run_dir, config, selection.problems, concurrency=request.concurrency, prices=prices,
+                        replay=selection.replay, scheduler=scheduler, executor=executor,
                         retry_infra_only=request.retry_infra)
         if isinstance(executor, RayExecutor):
             print(f"pkb: evaluations go to the Ray cluster ({len(executor.nodes)} node(s), room for "
