@@ -4,6 +4,7 @@ resumed run says is left before it goes on."""
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,28 +76,28 @@ def say_what_is_left(runner: Runner) -> None:
 
 
 def run_with_progress(runner: Runner, resuming: bool, within: Within | None = None) -> RunSummary:
-    """The run with a progress line (its own, or a sweep's: `within`), after, with `resuming`, what is left."""
-    if within is not None:
-        return _run_in(runner, within, resuming)
-    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-        task = progress.add_task(runner.run_dir.path.name, total=len(runner.plan()), stats="")
-        return _run_in(runner, Within(progress, task, Tally(), resume_command(runner.run_dir)), resuming)
-
-
-def _run_in(runner: Runner, within: Within, resuming: bool) -> RunSummary:
-    """Ctrl-C or SIGTERM: says so at once, the runner stops the running samples and raises RunInterrupted (a
-    KeyboardInterrupt: exit_interrupted then says how to resume)."""
-    def on_sample(record: dict[str, Any], skipped: bool) -> None:
-        within.progress.update(within.task, advance=1, stats=within.tally.add(record))
-
-    def on_interrupt(running: int) -> None:
-        within.progress.stop()
-        err_console.print(plain(f"pkb: interrupted; stopping {running} running sample(s), finished samples are "
-                                "kept (Ctrl-C again ends at once)"))
-
-    runner.on_sample = on_sample
-    runner.on_interrupt = on_interrupt
-    with interrupts.terminate_as_interrupt():
+    """The run with a progress line (its own, or a sweep's: `within`), after, with `resuming`, what is left.
+    Ctrl-C or SIGTERM: says so at once, the runner stops the running samples and raises RunInterrupted (a
+    KeyboardInterrupt: agent.cli.run_session.exit_interrupted then says how to resume)."""
+    hint = resume_command(runner.run_dir)  # what an interrupt of a run of its own prints
+    with ExitStack() as stack:
+        stack.enter_context(interrupts.terminate_as_interrupt())
         if resuming:
             say_what_is_left(runner)
+        if within is None:
+            progress = stack.enter_context(Progress(*PROGRESS_COLUMNS, console=console))
+            task = progress.add_task(runner.run_dir.path.name, total=len(runner.plan()), stats="")
+            within = Within(progress, task, Tally(), hint)
+        bar = within
+
+        def on_sample(record: dict[str, Any], skipped: bool) -> None:
+            bar.progress.update(bar.task, advance=1, stats=bar.tally.add(record))
+
+        def on_interrupt(running: int) -> None:
+            bar.progress.stop()
+            err_console.print(plain(f"pkb: interrupted; stopping {running} running sample(s), finished samples are "
+                                    "kept (Ctrl-C again ends at once)"))
+
+        runner.on_sample = on_sample
+        runner.on_interrupt = on_interrupt
         return runner.run()
