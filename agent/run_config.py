@@ -97,13 +97,18 @@ class RunConfig(BaseModel):
     def model_table(self) -> ModelTable:
         return load_model_table(self.models)
 
-    def context_policy(self, table: ModelTable | None = None) -> ContextPolicy:
-        """The window from --context-window, else the model table; None where neither knows it."""
+    def model_context(self) -> tuple[ModelTable | None, ContextPolicy]:
+        """A chat model's table and the run's context policy, its window from --context-window, else the table's
+        (not managed where neither knows it); a replay has no table and an unmanaged policy."""
         from agent.context import ContextPolicy  # the model stack (LangChain's messages): not for the run's scoring
 
-        info = (table or self.model_table()).info(parse_model_spec(self.model).text)
+        spec = parse_model_spec(self.model)
+        if not spec.is_chat_model:
+            return None, ContextPolicy(None)
+        table = load_model_table(self.models)
+        info = table.info(spec.text)
         window = self.context_window if self.context_window is not None else (info.context_window if info else None)
-        return ContextPolicy(window=window, share=self.context_share)
+        return table, ContextPolicy(window=window, share=self.context_share)
 
     def eval_config(self) -> EvalConfig:
         return EvalConfig(trials=self.trials, seed=self.seed, skip_timing=self.skip_timing,

@@ -26,7 +26,6 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 
 from agent.conditions import REPLAY, Condition
-from agent.context import ContextPolicy
 from agent.eventlog import open_event_log
 from agent.executors.interface import Executor
 from agent.executors.local import LocalExecutor
@@ -108,8 +107,7 @@ class Runner:
         self.topology = topology_record(config.device)
         self.conditions = config.parsed_conditions
         self.prompt_choice = config.prompt_choice
-        self.models = config.model_table() if self.spec.is_chat_model else None
-        self.policy = config.context_policy(self.models) if self.models is not None else ContextPolicy(None)
+        self.models, self.policy = config.model_context()
         self._abort = threading.Event()  # a provider error that ends the run: no later pass starts a sample
         self._life: SampleLife | None = None  # the samples' work, once run() has opened the event log
 
@@ -159,7 +157,7 @@ class Runner:
         saver = SqliteSaver(conn, serde=RedactingSerializer())
         saver.setup()
         self._life = SampleLife(run_dir=self.run_dir, config=self.config, eval_config=self.eval_config,
-                                model_name=self.spec.text, prices=self.prices, topology=self.topology,
+                                prices=self.prices, topology=self.topology,
                                 policy=self.policy, prompt=self.prompt_choice, scheduler=self.scheduler,
                                 executor=self.remote,
                                 model_factory=self.model_factory, saver=saver, log=log)

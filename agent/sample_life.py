@@ -49,7 +49,6 @@ class SampleLife:
     run_dir: RunDir
     config: RunConfig
     eval_config: EvalConfig  # what the tools evaluate with; the final scoring uses scoring_seed(seed)
-    model_name: str  # "provider:model", the price table's key
     prices: PriceTable | None
     topology: dict[str, Any] | None  # the saved topology profile, for the prompt
     policy: ContextPolicy
@@ -120,14 +119,10 @@ class SampleLife:
     def _context(self, problem: Problem, condition: Condition, sdir: SampleDir, log: Any,
                  model: BaseChatModel | None) -> SampleContext:
         """What the sample's graph, tools and scoring need that is not state (None: no model)."""
-        config = self.config
         return SampleContext(
-            problem=problem, condition=condition, model=model, model_name=self.model_name, directory=sdir,
-            budget=config.budget, prices=self.prices, config=self.eval_config, scheduler=self.scheduler,
-            world_size=config.world_size, device=config.device, shape=config.shape, topology=self.topology,
-            log=log, model_attempts=config.model_attempts, answer_tokens=config.answer_tokens,
-            guide_in_prompt=config.guide_in_prompt, executor=self.executor, context_policy=self.policy,
-            prompt_cache=config.prompt_cache, prompt=self.prompt, shell_timeout_s=config.shell_timeout_s)
+            problem=problem, condition=condition, model=model, run=self.config, directory=sdir, prices=self.prices,
+            config=self.eval_config, scheduler=self.scheduler, topology=self.topology, log=log,
+            executor=self.executor, context_policy=self.policy, prompt=self.prompt)
 
     def judge_again(self, spec: SampleSpec, after_wait_s: float | None = None) -> Record:
         """A finished sample that ended in infra_error, judged again: its final.py scored anew (the same request:

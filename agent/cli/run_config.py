@@ -1,31 +1,36 @@
-"""`pkb run`'s run configuration from its options, and the check that options given with --resume agree with
-the stored run."""
+"""`pkb run`'s options read once into the run's settings: a RunRequest holds the RunConfig (built from the options,
+or the stored run's, which options given with --resume must agree with), where the run lives, and how this pass
+runs (what run.json does not store). Everything after reads the request, never the options again."""
 
 from __future__ import annotations
 
 import argparse
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from agent.budgets import Budget
 from agent.cli.common import CliError
-from agent.cli.source import PKB_PREFIX, resolve_source, select_in
+from agent.cli.source import PKB_PREFIX
 from agent.conditions import REPLAY, Condition, ConditionError, parse_conditions
 from agent.context import DEFAULT_SHARE
 from agent.model_spec import ModelSpec, ProviderError, parse_model_spec
 from agent.prompting import OURS, PKB, PromptChoiceError, check_conditions, parse_prompt
 from agent.rundir import RunDir
-from agent.runner import RunConfig
+from agent.runner import RunConfig, RunError, load_run_config
 from harness.problems.parallelkernelbench import checkout
 from harness.problems.parallelkernelbench.solutions import solution_set_info
-from harness.problems.problem import Problem
 
-# (option, RunConfig field): options that, given with --resume, must agree with the stored run.
+# An option given with --resume that disagrees with the stored run's field `key`, in one line.
+RESUME_MISMATCH = ("--resume: run {run} was started with {key} {stored!r}, not {value!r}; leave {option} out to "
+                   "continue it, or start a new run")
+# (option, RunConfig field): options that, given with --resume, must agree with the stored run (--problems too,
+# once the suite is read: agent.cli.run_checks).
 RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--samples", "samples"),
-                  ("--problems", "problems"), ("--source", "source"), ("--device", "device"),
+                  ("--source", "source"), ("--device", "device"),
                   ("--world-size", "world_size"), ("--ranks-per-gpu", "ranks_per_gpu"), ("--shape", "shape"),
                   ("--seed", "seed"), ("--trials", "trials"),
                   ("--base-url", "base_url"), ("--prices", "prices"), ("budgets", "budgets"),
@@ -37,15 +42,15 @@ RESUME_CHECKED = (("--model", "model"), ("--condition", "conditions"), ("--sampl
                   ("--shell-timeout", "shell_timeout_s"), ("--precision", "precision"))
 
 
-def _model_text(text: str) -> str:
-    """The canonical model string: replay and script paths made absolute, so a resume works from anywhere."""
+def _model(text: str) -> ModelSpec:
+    """The model as the run stores it: replay and script paths made absolute, so a resume works from anywhere."""
     try:
         spec = parse_model_spec(text)
     except ProviderError as err:
         raise CliError(str(err)) from None
     if spec.provider == "replay" or (spec.provider == "scripted" and spec.name.endswith(".json")):
-        return f"{spec.provider}:{Path(spec.name).expanduser().resolve()}"
-    return spec.text
+        return ModelSpec(spec.provider, str(Path(spec.name).expanduser().resolve()))
+    return spec
 
 
 def _budget(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -80,15 +85,56 @@ def _conditions(args: argparse.Namespace, spec: ModelSpec) -> list[Condition]:
     return conditions
 
 
-def _problems(source: str | None, selection: Sequence[str] | None) -> list[Problem]:
-    return select_in(resolve_source(source), selection)
+@dataclass(frozen=True)
+class RunRequest:
+    """`pkb run`'s options, read once: the run's config and model, its folder, and how this pass runs."""
+
+    config: RunConfig  # built from the options, or the stored run's (--resume, --retry-infra)
+    spec: ModelSpec  # config.model, parsed
+    run_dir: RunDir
+    resuming: bool  # --resume or --retry-infra: the run exists, its stored config is what runs
+    retry_infra: bool  # judge again only the samples in infra_error
+    selection: Sequence[str] | None  # --problems as given (a resumed run keeps config.problems)
+    concurrency: int
+    evaluations_per_gpu: int
+    executor: str  # "local" or "ray" (agent.cli.options builds it; not part of the run)
+
+    @property
+    def replay_dir(self) -> Path | None:
+        return Path(self.spec.name) if self.spec.provider == "replay" else None
+
+
+def request_from_args(args: argparse.Namespace) -> RunRequest:
+    """The run the options describe: a new one (its folder must not exist), or the stored one they resume, with
+    the options given again checked against it."""
+    resuming = bool(args.resume or args.retry_infra)
+    if not resuming:
+        config, spec = _fresh(args)
+        run_dir = RunDir(Path(args.runs_dir) / (args.run_id or _run_id(spec)))
+        if run_dir.run_json.exists():
+            raise CliError(f"run {run_dir.path} already exists; add --resume to continue it, or pick another --run-id")
+    else:
+        run_dir = RunDir(Path(args.runs_dir) / args.run_id)
+        try:
+            config = load_run_config(run_dir)
+        except RunError as err:
+            raise CliError(str(err)) from None
+        spec = check_resume_args(args, config, run_dir)
+    return RunRequest(config=config, spec=spec, run_dir=run_dir, resuming=resuming, retry_infra=args.retry_infra,
+                      selection=args.problems, concurrency=args.concurrency,
+                      evaluations_per_gpu=args.evaluations_per_gpu, executor=args.executor)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """A new run's config from its options (`pkb sweep` builds each cell's so)."""
+    return _fresh(args)[0]
+
+
+def _fresh(args: argparse.Namespace) -> tuple[RunConfig, ModelSpec]:
     if not args.model:
         raise CliError("--model is required (openai:MODEL, anthropic:MODEL, replay:DIR or scripted:FILE.json)")
-    model = _model_text(args.model)
-    spec = parse_model_spec(model)
+    spec = _model(args.model)
+    model = spec.text
     conditions = _conditions(args, spec)
     device = args.device or "cpu"
     if args.samples is not None and args.samples < 1:
@@ -133,7 +179,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         pkb_hardware=hardware,
         shell_timeout_s=_positive(args.shell_timeout, "--shell-timeout") if args.shell_timeout is not None else 120.0,
         precision=precision,
-    )
+    ), spec
 
 
 def _positive(value: float, option: str) -> float:
@@ -179,17 +225,17 @@ def _prompt(args: argparse.Namespace, conditions: list[Condition], precision: st
     return f"{PKB}:{choice.checkout}", args.pkb_hardware
 
 
-def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> None:
-    """Options given with --resume must agree with the stored run (the stored config is what runs)."""
+def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunDir) -> ModelSpec:
+    """Options given with --resume must agree with the stored run (the stored config is what runs); returns the
+    stored run's model. --problems is checked where the suite is read (agent.cli.run_checks)."""
+    spec = _model(args.model or stored.model)  # a --model given must name the stored one, checked below
     given: dict[str, Any] = {
-        "model": _model_text(args.model) if args.model else None,
-        "conditions": ([c.name for c in _conditions(args, parse_model_spec(_model_text(args.model or stored.model)))]
-                       if (args.condition or args.tools) else None),
+        "model": spec.text if args.model else None,
+        "conditions": [c.name for c in _conditions(args, spec)] if (args.condition or args.tools) else None,
         "samples": args.samples, "source": args.source, "device": args.device, "world_size": args.world_size,
         "ranks_per_gpu": args.ranks_per_gpu,
         "shape": args.shape, "seed": args.seed, "trials": args.trials, "base_url": args.base_url,
         "prices": str(Path(args.prices).resolve()) if args.prices else None, "budgets": _budget(args),
-        "problems": ([p.name for p in _problems(stored.source, args.problems)] if args.problems else None),
         "temperature": args.temperature, "max_reply_tokens": args.max_reply_tokens,
         "skip_timing": True if args.no_timing else None, "guide_in_prompt": False if args.no_guide else None,
         "api_key_env": args.api_key_env, "reasoning_effort": args.reasoning_effort,
@@ -204,13 +250,17 @@ def check_resume_args(args: argparse.Namespace, stored: RunConfig, run_dir: RunD
     for option, key in RESUME_CHECKED:
         value = given[key]
         if value is not None and value != getattr(stored, key):
-            option = "--budget-*" if key == "budgets" else option
-            raise CliError(f"--resume: run {run_dir.path.name} was started with {key} {getattr(stored, key)!r}, "
-                           f"not {value!r}; leave {option} out to continue it, or start a new run")
+            raise CliError(RESUME_MISMATCH.format(run=run_dir.path.name, key=key, stored=getattr(stored, key),
+                                                  value=value, option="--budget-*" if key == "budgets" else option))
+    return spec
 
 
 def default_run_id(model: str) -> str:
-    spec = parse_model_spec(model)
+    return _run_id(parse_model_spec(model))
+
+
+def _run_id(spec: ModelSpec) -> str:
+    """The time and the model, as a folder name."""
     name = Path(spec.name).name if spec.provider in ("replay", "scripted") else spec.name
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{spec.provider}-{name}").strip("-")[:60]
     return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{slug}"

@@ -27,6 +27,7 @@ from agent.cli import run_session
 from agent.cli import search as cli_search
 from agent.cli.common import CliError, console, plain
 from agent.cli.run_config import config_from_args
+from agent.cli.run_model import check_model
 from agent.cli.source import check_shape, resolve_source, select_in
 from agent.model_spec import ProviderError, parse_model_spec
 from agent.model_table import ModelTableError, load_model_table
@@ -369,7 +370,7 @@ def execute(sweep: Sweep, args: argparse.Namespace) -> int:
     for label in sweep.labels:  # builds each client: a missing key or a bad setting is one line, before any work
         config = next((p.config for p in planned if p.cell.model == label and p.config is not None), None)
         if config is not None:
-            run_session.check_model(config)
+            check_model(config)
     if skipped:
         print(f"pkb: skipping problem(s) without world size {sweep.spec.world_size}: {', '.join(skipped)}",
               file=sys.stderr)

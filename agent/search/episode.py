@@ -30,6 +30,7 @@ from agent.budgets import Budget, Spent
 from agent.conditions import Condition
 from agent.executors.interface import Executor
 from agent.graph import build_graph, recursion_limit, write_transcript
+from agent.run_config import RunConfig
 from agent.rundir import SampleDir
 from agent.sample_context import SampleContext
 from agent.scheduler import DeviceScheduler
@@ -68,11 +69,13 @@ def run(*, problem: Problem, condition: Condition, model: BaseChatModel, model_n
     directory = SampleDir(folder)
     folder.mkdir(parents=True)
     budget = Budget(max_turns=turns, max_wall_s=None)
-    ctx = SampleContext(problem=problem, condition=condition, model=model, model_name=model_name,
-                        directory=directory, budget=budget, prices=prices, config=config, scheduler=where.scheduler,
-                        world_size=where.world_size, device=where.device, shape=where.shape,
-                        topology=where.topology, log=log, model_attempts=model_attempts,
-                        guide_in_prompt=guide_in_prompt, executor=where.executor)
+    # The episode's settings as a run's: its own budget (turns, no wall), where it runs, the search's model.
+    settings = RunConfig(model=model_name, conditions=[condition.name], problems=[problem.name],
+                         world_size=where.world_size, device=where.device, shape=where.shape,
+                         budgets=budget.as_dict(), model_attempts=model_attempts, guide_in_prompt=guide_in_prompt)
+    ctx = SampleContext(problem=problem, condition=condition, model=model, run=settings, directory=directory,
+                        prices=prices, config=config, scheduler=where.scheduler, topology=where.topology, log=log,
+                        executor=where.executor)
     start = {"messages": messages, "spent": Spent().as_dict(), "candidates": [], "stop_reason": None,
              "submitted": None}
     state = build_graph(ctx, score_final=False).invoke(start, {"recursion_limit": recursion_limit(budget)})

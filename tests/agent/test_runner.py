@@ -282,6 +282,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     _fails(capsys, ok, "already exists", "--resume")
     _fails(capsys, [*ok, "--resume", "--samples", "3"], "was started with samples 1")
+    # --problems given again is checked where the suite is read (agent.cli.run_problems), with the same line
+    _fails(capsys, [*ok, "--resume", "--problems", "all_reduce,all_gather"],
+           "was started with problems ['all_reduce'], not ['all_reduce', 'all_gather']", "leave --problems out")
     assert cli_run.main([*ok, "--resume"]) == 0
     assert "all 1 samples are finished; nothing left to run" in capsys.readouterr().err  # --resume says so
 
