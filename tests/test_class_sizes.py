@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MAX_LINES = 250
 # Still over the limit, each with its own split under way: remove an entry once its class is under it.
-BEING_SPLIT = {"agent/runner.py:Runner", "harness/launch/pool.py:RankPool"}
+BEING_SPLIT: set[str] = set()
 
 
 def classes_over(limit: int) -> dict[str, int]:

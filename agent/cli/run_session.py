@@ -14,7 +14,6 @@ from agent.cli.options import executor_from_args
 from agent.cli.run_config import request_from_args
 from agent.cli.run_devices import check_device as check_device  # re-exported: the tests know it here
 from agent.cli.run_model import check_model
-from agent.cli.run_print import print_device_use as _print_device_use  # noqa: F401 (re-exported for the tests)
 from agent.cli.run_print import print_outcome
 from agent.cli.run_problems import select_problems
 from agent.cli.run_progress import PROGRESS_COLUMNS as PROGRESS_COLUMNS  # re-exported: `pkb sweep` shows cells so

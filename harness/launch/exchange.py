@@ -89,6 +89,12 @@ class Exchange:
     def world_size(self) -> int:
         return len(self.ranks)
 
+    def forget(self) -> None:
+        """After the pool's processes ended and its pipes closed: no status pipe, reply keys or buffers left."""
+        self.status_fd = None
+        self.keys = None
+        self.buffers = {}
+
     def send(self, per_rank: dict[int, Request]) -> float:
         """Send each rank its request with a new nonce (a reply to an earlier request can never pass for this
         one's); returns when the first was sent."""

@@ -235,16 +235,11 @@ class RankPool:
             self._killer = None
         spawned, self.spawned = self.spawned, None
         if spawned is not None:
-            teardown.end_processes(spawned.proc, self.sandboxed, self._marker)
-            if spawned.cgroup is not None:
-                spawned.cgroup.remove()  # and with it whatever is still in it
-            teardown.close_pipes(spawned.ranks, self.exchange.status_fd if self.exchange is not None else None)
-            if self.keep_logs is not None and self.lease.folder is not None:
-                teardown.keep_logs(spawned.ranks, self.keep_logs)
+            teardown.end_spawned(spawned, self.sandboxed, self._marker,
+                                 self.exchange.status_fd if self.exchange is not None else None,
+                                 self.keep_logs if self.lease.folder is not None else None)
         if self.exchange is not None:
-            self.exchange.status_fd = None
-            self.exchange.keys = None
-            self.exchange.buffers = {}
+            self.exchange.forget()
         self.lease.give_back()
 
     def _signal_processes(self) -> None:

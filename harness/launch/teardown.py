@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.common import channel, hostile_files
 from harness.launch.replies import RankPipes
 from harness.launch.sandbox.namespace import pid_namespace_members, sandbox_init
+from harness.launch.spawn import Spawned
 from harness.records.redaction import redact_bytes
 
 
@@ -48,6 +49,18 @@ def end_processes(proc: subprocess.Popen[bytes], sandboxed: bool, marker: str) -
         except (ProcessLookupError, PermissionError):
             pass
     channel.kill_marked(marker)
+
+
+def end_spawned(spawned: Spawned, sandboxed: bool, marker: str, status_fd: int | None,
+                keep_logs_in: Path | None) -> None:
+    """Everything a pool spawned, ended: its processes, its memory cgroup (and whatever is still in it), its
+    pipes; the ranks' logs kept in `keep_logs_in` where given."""
+    end_processes(spawned.proc, sandboxed, marker)
+    if spawned.cgroup is not None:
+        spawned.cgroup.remove()
+    close_pipes(spawned.ranks, status_fd)
+    if keep_logs_in is not None:
+        keep_logs(spawned.ranks, keep_logs_in)
 
 
 def close_pipes(ranks: list[RankPipes], status_fd: int | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
 import shutil
 import subprocess
@@ -17,7 +18,6 @@ import torch
 from torch.utils import cpp_extension
 
 from benchmarks import edit_verdict as ev
-from problems.collective import all_gather, all_reduce
 
 NVCC = shutil.which("nvcc")
 
@@ -86,8 +86,9 @@ def _ranks(inputs: list[torch.Tensor]) -> types.SimpleNamespace:
     return types.SimpleNamespace(get_world_size=lambda: len(inputs), all_gather=all_gather)
 
 
-@pytest.mark.parametrize("problem", [all_reduce, all_gather], ids=["all_reduce", "all_gather"])
-def test_cpu_versions_all_give_the_oracles_answer(problem: types.ModuleType) -> None:
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather"])
+def test_cpu_versions_all_give_the_oracles_answer(name: str) -> None:
+    problem = importlib.import_module(f"problems.collective.{name}")  # data of the suite, not a typed module of ours
     shape = {"tokens": 12, "hidden": 96}  # rows and elements that no chunk divides evenly
     generator = torch.Generator().manual_seed(3)
     inputs = [problem.make_inputs(shape, r, 2, generator, "cpu") for r in range(2)]

@@ -84,12 +84,14 @@ def test_a_gpu_results_build_line_is_the_build_made_before_the_lease():
     from tools.build_note import result_build
 
     made = [{"name": "ext", "ok": True, "cache": "miss", "binding_cache": "hit"}]
-    result = EvalResult.model_construct(
-        integrity={"builds": [{"name": "ext", "ok": True, "cache": "hit"}]}, stages={"compile": 0.0},
-        environment={"executor": {"name": "local", "build_before_lease_s": 6.25, "builds": made}})
+    gpu: dict[str, Any] = {
+        "integrity": {"builds": [{"name": "ext", "ok": True, "cache": "hit"}]}, "stages": {"compile": 0.0},
+        "environment": {"executor": {"name": "local", "build_before_lease_s": 6.25, "builds": made}}}
+    result = EvalResult.model_construct(**gpu)  # only the fields the build line reads
     builds, seconds = result_build(result)
     assert builds == made and seconds == 6.25
     assert build_note(builds, seconds) == ("build: 6.2 s; the binding unit (cpp_sources, torch headers) came from "
                                            "the cache, only cuda_sources was compiled")
-    on_cpu = EvalResult.model_construct(integrity={"builds": made}, stages={"compile": 3.5}, environment={})
+    cpu: dict[str, Any] = {"integrity": {"builds": made}, "stages": {"compile": 3.5}, "environment": {}}
+    on_cpu = EvalResult.model_construct(**cpu)
     assert result_build(on_cpu) == (made, 3.5)

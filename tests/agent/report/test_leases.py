@@ -105,7 +105,7 @@ def test_the_scheduler_writes_what_the_reader_reads(tmp_path: Path):
 
 def test_pkb_run_prints_how_this_pass_held_the_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """A resumed run: only its last pass counts (the hours between passes are not idle devices)."""
-    from agent.cli import run_session
+    from agent.cli import run_print
     from agent.rundir import RunDir
 
     run_dir = RunDir(tmp_path / "run")
@@ -117,6 +117,6 @@ def test_pkb_run_prints_how_this_pass_held_the_gpus(tmp_path: Path, capsys: pyte
               event("lease_granted", 0, "a default", waited_s=0.0), event("lease_returned", 5, "a default"),
               {"event": "run_finished", "timestamp": at(10)}]
     run_dir.events.write_text("".join(json.dumps(e) + "\n" for e in first + second))
-    run_session._print_device_use(run_dir)
+    run_print.print_device_use(run_dir)
     out = capsys.readouterr().out
     assert "GPUs: devices held 50% of 10 s" in out and "old default" not in out

@@ -139,7 +139,12 @@ def test_without_a_sandbox_no_object_cache_is_used(tmp_path: Path, monkeypatch: 
     scope is made, mounted or named, and nothing is stored."""
     monkeypatch.setenv("PKB_SANDBOX", "off")
     stored: list[object] = []
-    monkeypatch.setattr(binding_store, "_store_one", lambda *a: stored.append(a) or ("stored", ""))
+
+    def store_one(*args: object) -> tuple[str, str]:
+        stored.append(args)
+        return "stored", ""
+
+    monkeypatch.setattr(binding_store, "_store_one", store_one)
     path = tmp_path / "probe.py"
     path.write_text(PROBE + f"# {tmp_path.name}: a source of its own (the compile stage caches by source)\n")
     outcome = compiling.compile_candidate(path, 300.0, "cpu")
