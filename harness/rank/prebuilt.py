@@ -19,34 +19,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from harness.common import hostile_files
 
 STAMP = ".pkb-split-build"
 STAMP_CAP = 64 << 10  # bytes of a stamp read
 FILES_CAP = 256  # files a stamp may name (an extension has a handful of units)
 FILE_CAP = 1 << 30  # bytes of one file hashed (a library is tens of MB)
-_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _read(path: Path, cap: int) -> bytes | None:
     """The bytes of a regular file (no link followed, never blocking), or None (absent, not one, too big)."""
     try:
-        fd = os.open(path, _FLAGS)
-    except OSError:
+        return hostile_files.read_bytes(path, cap)
+    except (hostile_files.HostileFile, OSError):
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > cap:
-            return None
-        data = os.read(fd, info.st_size + 1)  # one more: a file that grew is refused below
-        return data if len(data) <= cap else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _digests(files: list[Path]) -> dict[str, str] | None:
