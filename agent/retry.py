@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anthropic
-import openai
 import structlog
 from langchain_core.exceptions import ContextOverflowError, ModelConnectionError, ModelTimeoutError
 from langchain_core.messages import AIMessage, BaseMessage
@@ -32,14 +31,30 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from agent.providers import DEFAULT_TIMEOUT_S, ProviderError
 from harness import cancel
 
-STATUS_ERRORS = (openai.APIStatusError, anthropic.APIStatusError)
-CONNECTION_ERRORS = (
-    openai.APIConnectionError,
-    anthropic.APIConnectionError,
-    ModelConnectionError,
-    ModelTimeoutError,
-)
-TIMEOUT_ERRORS = (openai.APITimeoutError, anthropic.APITimeoutError, ModelTimeoutError)
+# The provider SDKs whose errors are retried or named. They are read from sys.modules, never imported here: an
+# SDK's exception can only exist once its SDK was imported (agent.providers imports one when it builds that
+# provider's model), and importing both costs a `pkb run` with a replayed or scripted model seconds of start-up.
+_SDKS = ("openai", "anthropic")
+
+
+def _sdk_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """The classes called `names` of every provider SDK this process has imported."""
+    return tuple(getattr(sdk, name) for module in _SDKS if (sdk := sys.modules.get(module)) is not None
+                 for name in names)
+
+
+def status_errors() -> tuple[type[BaseException], ...]:
+    return _sdk_errors("APIStatusError")
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    return (*_sdk_errors("APIConnectionError"), ModelConnectionError, ModelTimeoutError)
+
+
+def timeout_errors() -> tuple[type[BaseException], ...]:
+    return (*_sdk_errors("APITimeoutError"), ModelTimeoutError)
+
+
 MAX_MESSAGE_CHARS = 300
 # A 400 that says the prompt is over the model's context (servers that LangChain does not recognise as such:
 # llama.cpp, vLLM and SGLang word it their own way).
@@ -113,7 +128,7 @@ def invoke_model(
         stop=stop,
         wait=wait,
         # a timeout the budget cut spent all the time left: never retried
-        retry=retry_if_exception(lambda e: is_retryable(e) and not (timeout_cut and isinstance(e, TIMEOUT_ERRORS))),
+        retry=retry_if_exception(lambda e: is_retryable(e) and not (timeout_cut and isinstance(e, timeout_errors()))),
         sleep=sleep,
         before_sleep=before_sleep,
         reraise=True,
@@ -129,10 +144,11 @@ def invoke_model(
         timeout_cut = timeout < own_timeout
         return model.invoke(list(messages), timeout=timeout)
 
+    answered_errors: tuple[type[BaseException], ...] = (*status_errors(), *connection_errors(), ContextOverflowError)
     try:
         reply = retrying(call)
-    except (*STATUS_ERRORS, *CONNECTION_ERRORS, ContextOverflowError) as error:
-        if is_retryable(error) and (wall_stopped or (timeout_cut and isinstance(error, TIMEOUT_ERRORS))):
+    except answered_errors as error:
+        if is_retryable(error) and (wall_stopped or (timeout_cut and isinstance(error, timeout_errors()))):
             raise wall_error(error, attempts=calls, wall_left=wall_left) from error
         raise to_provider_error(error, attempts=calls, model=model) from error
     if not isinstance(reply, AIMessage):
@@ -152,7 +168,7 @@ def is_retryable(error: BaseException) -> bool:
     status = _status(error)
     if status is not None:
         return status == 429 or status >= 500
-    return isinstance(error, CONNECTION_ERRORS)
+    return isinstance(error, connection_errors())
 
 
 def to_provider_error(error: BaseException, *, attempts: int, model: Any = None) -> ProviderError:
@@ -165,7 +181,7 @@ def to_provider_error(error: BaseException, *, attempts: int, model: Any = None)
         where = f" from {url}" if url else ""
         return ProviderError(f"the prompt is longer than the model's context (HTTP {status or 400}){where}: {detail}",
                              kind="context", status=status or 400)
-    if status is None and isinstance(error, TIMEOUT_ERRORS):
+    if status is None and isinstance(error, timeout_errors()):
         return ProviderError(f"{server} did not answer within the timeout {tries}", kind="timeout")
     if status is None:
         return ProviderError(f"{server} is unreachable {tries} ({detail})", kind="unreachable")
@@ -183,7 +199,10 @@ def to_provider_error(error: BaseException, *, attempts: int, model: Any = None)
 
 
 def _status(error: BaseException | None) -> int | None:
-    return error.status_code if isinstance(error, STATUS_ERRORS) else None
+    if not isinstance(error, status_errors()):
+        return None
+    code: Any = getattr(error, "status_code", None)  # every SDK's APIStatusError carries the HTTP status
+    return int(code)
 
 
 def _url(error: BaseException | None) -> str | None:
