@@ -50,6 +50,13 @@ class CliConsole(Console):
     are: tables are laid out for 80 columns (or COLUMNS) and fold long cells, and every other line is
     written whole, never folded at 80 nor padded (a command to copy, a path, a source file)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if kwargs.get("width") is None:
+            # rich fixes COLUMNS as it was when the console was made; these are made at import, so, as they find
+            # their stream, they read the width when they print (rich's size: the terminal's, else COLUMNS, else 80).
+            self._width = None
+
     def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
         piped = not self.is_terminal
         for table in objects:

@@ -57,6 +57,26 @@ def _options(parser: argparse.ArgumentParser, path: tuple[str, ...]
             yield path, parser, action
 
 
+def test_the_consoles_read_the_width_when_they_print_not_when_they_are_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich reads COLUMNS once, when a console is made; the CLI's consoles are made at import, under whatever COLUMNS
+    the importing process had (pytest-xdist's workers: 80). A table printed later follows COLUMNS as it is then."""
+    from io import StringIO
+
+    from rich.table import Table
+
+    from agent.cli.common import CliConsole
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = StringIO()
+    console = CliConsole(file=out)
+    monkeypatch.setenv("COLUMNS", "200")
+    table = Table("problem", "interval")
+    table.add_row("all_reduce", "0.348-0.361x (75%, k=3) " * 4)
+    console.print(table)
+    assert max(len(line) for line in out.getvalue().splitlines()) > 80  # one row, not folded at 80
+    assert len(out.getvalue().splitlines()) == 3  # header, rule, the row
+
+
 def test_every_option_has_a_help_line_with_its_default() -> None:
     missing = []
     for path, parser, action in _options(build_parser(), ("pkb",)):

@@ -363,7 +363,10 @@ def test_a_handle_without_windows_still_refuses_multicast():
 
 # -- the build hook -----------------------------------------------------------------------------------------
 @pytest.fixture
-def hooked():
+def hooked(monkeypatch):
+    """The build hook, uninstalled after the test. It asks for monkeypatch so that the test's own patches of torch
+    are undone after the hook's: uninstall() puts back what install() found, which may be a test's stand-in,
+    and only monkeypatch's later undo then leaves torch's own functions for the next test in this process."""
     yield build_hook
     build_hook.uninstall()
 
