@@ -162,9 +162,12 @@ def test_a_rank_reaches_only_the_rank_side():
                              "harness.problems.parallelkernelbench.inputs"}, problems
 
 
-def test_the_rank_launcher_imports_nothing_of_ours():
-    # It runs before any torch or candidate import, inside the sandbox: the standard library only.
-    assert graph()["harness.rank.launcher"] == set()
+def test_the_rank_launcher_imports_only_the_worker_and_only_after_its_limits():
+    # It sets the sandbox's limits before any torch or candidate import: the standard library at its top, and
+    # the worker it forks ranks from (a CPU pool's) imported inside a function, once the limits are set.
+    found = [(t, in_function) for node, in_function, _ in imports("harness.rank.launcher")
+             for t in _targets(node, "harness.rank.launcher")]
+    assert found == [("harness.rank.worker", True)]
 
 
 def harness_folder(module: str) -> str | None:

@@ -135,7 +135,9 @@ def spawn(settings: PoolSettings, folder: Path, scratch: Path, marker: str) -> S
     status_r, status_w = os.pipe()
     os.set_blocking(status_r, False)
     child_fds.append(status_w)
-    spec = {"ranks": entries, "status_fd": status_w, "limits": settings.limits,
+    # CPU ranks fork from a launcher that imported the worker once (harness.rank.launcher); GPU ranks are started
+    # as interpreters of their own, as they were measured on the GPU machines.
+    spec = {"ranks": entries, "status_fd": status_w, "limits": settings.limits, "fork": settings.device == "cpu",
             "worker_args": ["--world-size", str(settings.world_size), "--device", settings.device,
                             "--init-file", str(scratch / "rendezvous"), "--role", settings.role,
                             *(["--emulate"] if settings.ranks_per_gpu > 1 else [])]}

@@ -7,7 +7,15 @@ SPEC_JSON: {"ranks": [{"rank": r, "request_fd": .., "reply_fd": .., "events_fd":
 its own pipes and has its stdout and stderr on its log pipe (the harness reads and caps them). When a
 worker exits, a line {"rank": r, "returncode": c} goes to the status pipe, so the harness can say how a
 rank died (a negative code is the signal). The launcher ends when every worker has ended; the sandbox
-(bwrap) ends with it. Standard library only: it runs before any torch or candidate import.
+(bwrap) ends with it. Standard library only at its top: it runs before any torch or candidate import.
+
+With "fork": true in the spec (CPU pools: harness.launch.spawn) the launcher imports harness.rank.worker once,
+after the limits are set, and forks each worker from itself instead of starting a new interpreter: a worker's
+start is mostly importing torch (about 2.5 s of CPU each), so a pool of W ranks pays it once, not W times. The
+forked worker is set up as the started one is: its own four descriptors and nothing else of the launcher's
+(the status pipe, the other ranks' pipes), stdin from /dev/null, stdout and stderr on its log pipe, killed with
+the launcher. A rank with a prefix (a profiler in front of it) is always started, and so is every rank where the
+import left a second thread running (forking a threaded process can copy a held lock).
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ import resource
 import signal
 import subprocess
 import sys
+import traceback
+from types import ModuleType
+from typing import Any, NoReturn
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -50,21 +61,74 @@ def _die_with_launcher(launcher: int) -> None:
         os._exit(1)
 
 
+def _worker_argv(entry: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    return ["--rank", str(entry["rank"]), "--request-fd", str(entry["request_fd"]), "--reply-fd",
+            str(entry["reply_fd"]), "--events-fd", str(entry["events_fd"]), *entry.get("args", []),
+            *spec["worker_args"]]
+
+
+def _preloaded_worker() -> ModuleType | None:
+    """harness.rank.worker imported into the launcher, or None where forking from it would not be safe."""
+    from harness.rank import worker  # deferred: after the limits, and only when the spec asks to fork
+
+    if len(os.listdir("/proc/self/task")) != 1:  # a native thread started by an import (an OpenMP pool...)
+        return None
+    return worker
+
+
+def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], launcher: int) -> NoReturn:
+    """In the forked child: the same process a started worker would be, then the worker's main."""
+    code = 1
+    try:
+        _die_with_launcher(launcher)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(entry["log_fd"], 1)
+        os.dup2(entry["log_fd"], 2)
+        own = {0, 1, 2, entry["request_fd"], entry["reply_fd"], entry["events_fd"]}
+        for name in os.listdir("/proc/self/fd"):  # as Popen's close_fds: the status pipe and the other ranks' go
+            if int(name) not in own:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass  # the listing's own descriptor, closed already
+        sys.argv = [str(worker.__file__), *argv]
+        worker.main(argv)
+        code = 0
+    except SystemExit as exc:  # argparse's usage error (2), or an exit of the worker's own
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     set_limits(spec.get("limits", {}))
     status = os.fdopen(spec["status_fd"], "w", buffering=1)
     procs: dict[int, int] = {}
+    started: list[subprocess.Popen[bytes]] = []  # held: a dropped Popen may be reaped by the next one's cleanup
     me = os.getpid()
+    preloaded = _preloaded_worker() if spec.get("fork") else None
     for entry in spec["ranks"]:
         fds = (entry["request_fd"], entry["reply_fd"], entry["events_fd"])
-        proc = subprocess.Popen(
-            [*entry.get("prefix", []), sys.executable, "-m", "harness.rank.worker", "--rank", str(entry["rank"]),
-             "--request-fd", str(entry["request_fd"]), "--reply-fd", str(entry["reply_fd"]),
-             "--events-fd", str(entry["events_fd"]), *entry.get("args", []), *spec["worker_args"]],
-            pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"],
-            preexec_fn=lambda: _die_with_launcher(me))
-        procs[proc.pid] = entry["rank"]
+        if preloaded is not None and not entry.get("prefix"):
+            pid = os.fork()
+            if pid == 0:
+                _forked_worker(preloaded, entry, _worker_argv(entry, spec), me)
+        else:
+            started.append(subprocess.Popen(
+                [*entry.get("prefix", []), sys.executable, "-m", "harness.rank.worker", *_worker_argv(entry, spec)],
+                pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"],
+                preexec_fn=lambda: _die_with_launcher(me)))
+            pid = started[-1].pid
+        procs[pid] = entry["rank"]
         for fd in (*fds, entry["log_fd"]):
             os.close(fd)
     while procs:
@@ -76,8 +140,10 @@ def main(argv: list[str]) -> int:
         if rank is not None:
             returncode = -os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
             status.write(json.dumps({"rank": rank, "returncode": returncode}) + "\n")
+    if preloaded is not None:  # skip torch's teardown at exit (about 0.5 s): nothing is left to tear down here
+        status.close()
+        os._exit(0)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
