@@ -1,4 +1,4 @@
-"""Wall time per evaluation: this checkout against another (an older commit's tree), and with the
+"""Wall and CPU time per evaluation: this checkout against another (an older commit's tree), and with the
 sandbox on and off, on the same candidates, interleaved in one run so machine load hits every variant
 alike.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,12 +56,17 @@ def run_one(tree: Path, candidate: Path, sandbox_off: bool, device: str, shape: 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)}
     if sandbox_off:
         env["PKB_SANDBOX"] = "off"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-c", ONE, str(candidate), device, shape,
                            "timed" if timed else "untimed"], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # CPU seconds of the whole evaluation, its interpreter and every process under it (each one waited for by
+    # its parent, the sandbox's included): what two evaluations at once on a 2-core machine compete for.
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "cpu_s": round(cpu_s, 3)}
 
 
 def table(summary: dict, before: str) -> str:
@@ -68,13 +74,14 @@ def table(summary: dict, before: str) -> str:
         return "-" if key not in row else (f"{row[key]:+.2f} s" if sign else f"{row[key]:.2f} s")
 
     lines = [f"| candidate | before ({before}) | after, sandboxed | after, `PKB_SANDBOX=off` | sandbox's cost | "
-             "after - before | check+timing stages, before / after | verdicts |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "after - before | check+timing stages, before / after | CPU s, before / after / off | verdicts |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for candidate, row in summary.items():
+        cpu = " / ".join(cell(row, f"cpu_{name}_s") for name in ("before", "after", "after_no_sandbox"))
         lines.append(f"| `{Path(candidate).name}` | {cell(row, 'before_s')} | {cell(row, 'after_s')} | "
                      f"{cell(row, 'after_no_sandbox_s')} | {cell(row, 'sandbox_cost_s', True)} | "
                      f"{cell(row, 'after_minus_before_s', True)} | {cell(row, 'check_timing_before_s')} / "
-                     f"{cell(row, 'check_timing_after_s')} | {', '.join(row['verdicts'])} |")
+                     f"{cell(row, 'check_timing_after_s')} | {cpu} | {', '.join(row['verdicts'])} |")
     return "\n".join(lines)
 
 
@@ -123,7 +130,10 @@ def main() -> int:
                                                         if r["candidate"] == candidate and r["variant"] == name), 3)
                          for stage in ("reference", "check", "timing", "timing_judge", "timing_reference")}
                   for name in variants}
+        cpu = {name: statistics.median(r["cpu_s"] for r in rows if r["candidate"] == candidate and r["variant"] == name)
+               for name in variants}
         summary[candidate] = {**{f"{k}_s": round(v, 3) for k, v in medians.items()}, "stages": stages,
+                              **{f"cpu_{k}_s": round(v, 3) for k, v in cpu.items()},
                               **{f"check_timing_{k}_s": round(v, 3) for k, v in judged.items()},
                               "verdicts": sorted({r["verdict"] for r in rows if r["candidate"] == candidate})}
         if "before" in medians and "after" in medians:

@@ -1,10 +1,11 @@
 """A group of W rank processes that the harness can always kill, and whose replies it reads as data.
 
 A pool is one launcher process (harness.rank.launcher) that starts the W `harness.rank.worker`
-processes; for a pool that loads candidate code (role "candidate") the launcher runs inside a sandbox
-(harness.launch.sandbox: its own PID, user, network and IPC namespaces, a read-only filesystem, one writable
-scratch folder), so killing the sandbox ends every process the ranks started. Pools that only run
-references and problem code (role "trusted": reference timing, validation, tracing) skip the sandbox.
+processes (forked from the launcher on CPU); for a pool that loads candidate code (role "candidate") the
+launcher runs inside a sandbox (harness.launch.sandbox: its own PID, user, network and IPC namespaces, a
+read-only filesystem, one writable scratch folder), so killing the sandbox ends every process the ranks started.
+Pools that only run references and problem code (role "trusted": reference timing, validation, tracing) skip
+the sandbox.
 
 Each rank has four pipes: requests (harness -> rank, typed: harness.common.messages), replies, events
 (collectives as the rank's monitor sees them, written as they happen) and its stdout+stderr, which the harness

@@ -69,8 +69,10 @@ def _worker_argv(entry: dict[str, Any], spec: dict[str, Any]) -> list[str]:
 
 def _preloaded_worker() -> ModuleType | None:
     """harness.rank.worker imported into the launcher, or None where forking from it would not be safe."""
-    from harness.rank import worker  # deferred: after the limits, and only when the spec asks to fork
-
+    try:
+        from harness.rank import worker  # deferred: after the limits, and only when the spec asks to fork
+    except Exception:
+        return None  # started ranks then fail to import it each, in their own logs, as they always did
     if len(os.listdir("/proc/self/task")) != 1:  # a native thread started by an import (an OpenMP pool...)
         return None
     return worker
