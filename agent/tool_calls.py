@@ -108,9 +108,8 @@ def tool_context(ctx: SampleContext, gpus: list[int] | None, spent: list[float] 
     executor = ctx.executor if ctx.executor is not None else LocalExecutor(ctx.scheduler)
     shell_s = ctx.shell_timeout_s if wall_left is None else min(ctx.shell_timeout_s, max(wall_left, LEAST_TOOL_S))
     deadline = None if wall_left is None else time.monotonic() + max(wall_left, LEAST_TOOL_S)
-    return ToolContext(problem=ctx.problem, world_size=ctx.world_size, device=ctx.device, shape=ctx.shape,
-                       config=within_wall(ctx.config, wall_left), workdir=ctx.directory.path, gpus=gpus,
-                       answer_tokens=ctx.answer_tokens,
+    return ToolContext(problem=ctx.problem, settings=ctx.run, config=within_wall(ctx.config, wall_left),
+                       workdir=ctx.directory.path, gpus=gpus,
                        evaluate=as_evaluate(executor, spent), on_devices=as_device_call(executor, spent),
                        shell_solution=ctx.shell_solution, shell_timeout_s=shell_s,
                        shell_hide=(ctx.directory.path.resolve().parents[3],), deadline=deadline)

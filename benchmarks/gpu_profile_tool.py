@@ -37,7 +37,7 @@ from harness.config import EvalConfig, Limits, TimingConfig  # noqa: E402
 from harness.measure import ncu, nsys  # noqa: E402
 from harness.problems.registry import get, load_suite  # noqa: E402
 from tools import profile as profile_tool  # noqa: E402
-from tools.base import ToolContext  # noqa: E402
+from tools.base import ToolContext, ToolSettings  # noqa: E402
 from tools.dispatch import run_tool  # noqa: E402
 
 # On one GPU (2026-12-02, docs/profiling.md): the one-shot all-reduce survives ncu's replay; the copy-engine two-shot
@@ -77,8 +77,8 @@ def profile_one(problem_name: str, file: Path, *, device: str, world_size: int, 
                         **({"ranks_per_gpu": ranks_per_gpu} if ranks_per_gpu > 1 else {}))
     stem = file.stem
     gpus = [rank // ranks_per_gpu for rank in range(world_size)] if device == "cuda" else None
-    ctx = ToolContext(problem=problem, world_size=world_size, device=device, shape=shape, config=config,
-                      workdir=out / "samples" / stem, gpus=gpus, answer_tokens=600, artifacts_dir=out / "kept" / stem)
+    ctx = ToolContext(problem=problem, settings=ToolSettings(world_size, device, shape, answer_tokens=600),
+                      config=config, workdir=out / "samples" / stem, gpus=gpus, artifacts_dir=out / "kept" / stem)
     started = time.perf_counter()
     outcome = run_tool("profile", {"source": file.read_text()}, ctx)
     seconds = time.perf_counter() - started

@@ -31,7 +31,7 @@ from harness.launch.sandbox import SandboxPolicy, clean_environment, probe  # no
 from harness.problems.registry import get, load_suite  # noqa: E402
 from harness.records.cache_dir import cache_root  # noqa: E402
 from tools import bash  # noqa: E402
-from tools.base import ToolContext  # noqa: E402
+from tools.base import ToolContext, ToolSettings  # noqa: E402
 
 
 def unlimited(folder: Path, command: str) -> float:
@@ -78,7 +78,7 @@ def main() -> None:
     if probe().backend != "bwrap":
         raise SystemExit(f"no sandbox here: {probe().reason}")
     work = Path(tempfile.mkdtemp(prefix="pkb-shell-bench-"))
-    ctx = ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
+    ctx = ToolContext(problem=get(load_suite(), "all_reduce"), settings=ToolSettings(2, "cpu", "small"),
                       config=EvalConfig(trials=2), workdir=work)
     folder = bash.prepare(ctx, {})
     times: dict[str, list[float]] = {"without_limits": [], "with_limits": []}

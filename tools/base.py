@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness import cancel
 from harness.common.hostile_files import replace_file
@@ -55,18 +55,42 @@ class ToolInputError(ValueError):
     """The model called a tool with unusable arguments; the message goes back to the model."""
 
 
+class RunSettings(Protocol):
+    """What the tools read of the run's settings. agent.run_config.RunConfig is one: the agent hands its own over
+    (a view, nothing copied); a tool called outside a run gets a ToolSettings."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def device(self) -> str: ...  # "cpu" | "cuda"
+
+    @property
+    def shape(self) -> str: ...
+
+    @property
+    def answer_tokens(self) -> int: ...  # the budget of a tool's answer to the model (tools/render.py)
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """RunSettings of a tool called outside a run (tests, benchmarks)."""
+
+    world_size: int
+    device: str
+    shape: str
+    answer_tokens: int = 600
+
+
 @dataclass
 class ToolContext:
-    """One sample's fixed facts (problem, shape, W, device, evaluation settings) and its folder."""
+    """One sample's fixed facts (problem, the run's settings, evaluation settings) and its folder."""
 
     problem: Problem
-    world_size: int
-    device: str  # "cpu" | "cuda"
-    shape: str
+    settings: RunSettings  # W, device, shape, answer budget: read through the properties below
     config: EvalConfig
     workdir: Path  # the sample folder: candidates/NNN.py (+ .json), final.py
     gpus: list[int] | None = None
-    answer_tokens: int = 600
     # Where device work runs when not on this process's `gpus` (the agent's executor: a Ray cluster). `evaluate`
     # has harness.evaluate.evaluate's signature; `on_devices(W, device, fn, *args, **kwargs)` runs a harness
     # function that needs W devices and returns its answer. None: here.
@@ -86,6 +110,22 @@ class ToolContext:
         # Every path a tool hands to the harness is absolute: the harness's helpers run in processes of
         # their own (other working directories), and a relative runs folder must mean the same there.
         self.workdir = Path(self.workdir).resolve()
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
+
+    @property
+    def device(self) -> str:
+        return self.settings.device
+
+    @property
+    def shape(self) -> str:
+        return self.settings.shape
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.settings.answer_tokens
 
     @property
     def candidates_dir(self) -> Path:

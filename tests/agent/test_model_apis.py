@@ -36,7 +36,7 @@ from tests.fakes.anthropic_api import AnthropicFake, AnthropicModel, signature
 from tests.fakes.base import Turn
 from tests.fakes.openai_api import CACHE_STEP, OpenAIFake, OpenAIModel
 from tests.fakes.session import BEST_TURN, RECALLED, FakeExecutor, candidate, session_brain
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.dispatch import run_tool
 
 TURNS = 30
@@ -361,7 +361,7 @@ def test_context_keeps_the_best_and_newest_candidates_and_shortens_the_oldest_fi
 
 def test_recall_returns_an_old_candidate_whole(tmp_path):
     problem = get(load_suite(), "all_reduce")
-    ctx = ToolContext(problem=problem, world_size=2, device="cpu", shape="small", config=EvalConfig(trials=2),
+    ctx = ToolContext(problem=problem, settings=ToolSettings(2, "cpu", "small"), config=EvalConfig(trials=2),
                       workdir=tmp_path)
     (tmp_path / "candidates").mkdir()
     (tmp_path / "candidates" / f"{RECALLED:03d}.py").write_text(candidate(RECALLED))

@@ -25,7 +25,7 @@ from harness.evaluate import evaluate
 from harness.problems.registry import get, load_suite
 from tests.agent_support import BROKEN, eval_config, fenced, run_samples, scripted
 from tests.conftest import CANDIDATES
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 
 MODEL_STACK = ("langchain", "langgraph")  # every module of LangChain's and LangGraph's packages starts so
 
@@ -124,9 +124,10 @@ def test_gpu_seconds_have_one_definition_whoever_measures_them(tmp_path: Path) -
     harness.emulation.layout.device_seconds: the GPUs held, ranks sharing one counted once."""
     problem = get(load_suite(), "all_reduce")
     emulated = eval_config().model_copy(update={"ranks_per_gpu": 2})
-    ctx = ToolContext(problem=problem, world_size=4, device="cuda", shape="small", config=emulated, workdir=tmp_path)
+    ctx = ToolContext(problem=problem, settings=ToolSettings(4, "cuda", "small"), config=emulated, workdir=tmp_path)
     assert ctx.gpu_seconds(10.0) == layout.device_seconds(10.0, 4, 2) == 20.0  # two GPUs held, not four
-    assert replace(ctx, device="cpu").gpu_seconds(10.0) == 0.0  # a tool on CPU holds no GPU
+    on_cpu = replace(ctx, settings=ToolSettings(4, "cpu", "small"))
+    assert on_cpu.gpu_seconds(10.0) == 0.0  # a tool on CPU holds no GPU
 
     result = evaluate(problem, CANDIDATES / "compile_error_syntax.py", world_size=4, device="cpu", shape="small",
                       config=emulated)

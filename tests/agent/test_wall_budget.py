@@ -36,7 +36,7 @@ from harness.problems.registry import get, load_suite
 from harness.records.results import EvalResult
 from tests.agent_support import BROKEN, SCRIPTED, eval_config, run_samples, scripted
 from tests.conftest import CANDIDATES, live_children, processes_mentioning
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.dispatch import run_tool
 
 PROMPT = [SystemMessage("You write kernels."), HumanMessage("Write all_reduce.")]
@@ -293,7 +293,7 @@ def test_a_check_running_past_the_deadline_is_stopped_and_leaves_nothing(tmp_pat
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(check_s=120))
-    ctx = ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
+    ctx = ToolContext(problem=get(load_suite(), "all_reduce"), settings=ToolSettings(2, "cpu", "small"),
                       config=config, workdir=tmp_path / "sample", deadline=time.monotonic() + 8.0)
     beside: list[str] = []
 

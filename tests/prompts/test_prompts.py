@@ -361,10 +361,10 @@ def test_example_is_correct_on_two_gpus(tmp_path, shape):
 
 @pytest.mark.gpu
 def test_tools_run_an_expert_kernel_on_cuda(tmp_path, all_reduce):
-    from tools.base import ToolContext
+    from tools.base import ToolContext, ToolSettings
     from tools.dispatch import run_tool
 
-    ctx = ToolContext(problem=all_reduce, world_size=2, device="cuda", shape="1mib",
+    ctx = ToolContext(problem=all_reduce, settings=ToolSettings(2, "cuda", "1mib"),
                       config=EvalConfig(timing=TimingConfig.for_device("cuda")), workdir=tmp_path)
     expert = (SUITE_ROOT / "collective" / "solutions" / "all_reduce__one_shot.py").read_text()
     o = run_tool("bench", {"source": expert}, ctx)

@@ -17,7 +17,7 @@ from harness.launch.sandbox.memory import memory_cgroup_parent
 from harness.problems.registry import get, load_suite
 from tests.conftest import TESTS, live_children, processes_mentioning
 from tools import bash
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.langchain_tools import make_tool
 
 _spec = importlib.util.spec_from_file_location("shell_hog", TESTS / "exploits" / "_shell_hog.py")
@@ -31,7 +31,7 @@ SMALL = {"PKB_SHELL_MEMORY_BYTES": 64 << 20, "PKB_SHELL_TMP_BYTES": 16 << 20, "P
 
 
 def context(workdir: Path) -> ToolContext:
-    return ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
+    return ToolContext(problem=get(load_suite(), "all_reduce"), settings=ToolSettings(2, "cpu", "small"),
                        config=EvalConfig(trials=2), workdir=workdir, shell_timeout_s=60.0)
 
 

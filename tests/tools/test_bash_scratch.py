@@ -15,13 +15,13 @@ from harness.launch.sandbox import probe
 from harness.launch.sandbox.policy import SANDBOX_UID
 from harness.problems.registry import get, load_suite
 from tools import bash
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 
 REFERENCE = "reference.py"
 
 
 def context(workdir: Path) -> ToolContext:
-    return ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
+    return ToolContext(problem=get(load_suite(), "all_reduce"), settings=ToolSettings(2, "cpu", "small"),
                        config=EvalConfig(trials=2), workdir=workdir)
 
 

@@ -13,7 +13,7 @@ from harness.config import EvalConfig, Limits, TimingConfig
 from harness.problems.registry import get, load_suite
 from harness.records.results import CandidateInfo, EvalResult, Failure
 from tools import compile as compile_tool
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.build_note import binding_marks, build_note
 from tools.check import verdict_blocks
 
@@ -54,8 +54,9 @@ def _result(verdict: str, builds: list[dict[str, Any]] | None, compile_s: float)
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> ToolContext:
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(grace_s=1.0))
-    return ToolContext(problem=get(load_suite(), "all_reduce"), world_size=2, device="cpu", shape="small",
-                       config=config, workdir=tmp_path_factory.mktemp("w"), answer_tokens=1500)
+    return ToolContext(problem=get(load_suite(), "all_reduce"),
+                       settings=ToolSettings(2, "cpu", "small", answer_tokens=1500), config=config,
+                       workdir=tmp_path_factory.mktemp("w"))
 
 
 def test_check_and_bench_answers_carry_the_build_line(ctx: ToolContext) -> None:

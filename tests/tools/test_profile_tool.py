@@ -17,7 +17,7 @@ from harness.config import EvalConfig
 from harness.measure import profiling
 from harness.problems.registry import get, load_suite
 from tools import profile as profile_tool
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.dispatch import run_tool
 from tools.render import count_tokens
 
@@ -52,10 +52,11 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return calls
 
 
-def _ctx(tmp_path: Path, ranks_per_gpu: int, world_size: int = 2, **kw: Any) -> ToolContext:
+def _ctx(tmp_path: Path, ranks_per_gpu: int, world_size: int = 2, answer_tokens: int = 600, **kw: Any) -> ToolContext:
     config = EvalConfig().model_copy(update={"ranks_per_gpu": ranks_per_gpu})
-    return ToolContext(problem=get(load_suite(), "all_reduce"), world_size=world_size, device="cuda",
-                       shape="default", config=config, workdir=tmp_path, **kw)
+    return ToolContext(problem=get(load_suite(), "all_reduce"),
+                       settings=ToolSettings(world_size, "cuda", "default", answer_tokens=answer_tokens), config=config,
+                       workdir=tmp_path, **kw)
 
 
 def test_a_runs_emulated_placement_reaches_the_profiler_through_its_executor(tmp_path: Path,

@@ -20,7 +20,7 @@ from harness.problems.registry import get, load_suite
 from prompts.pkb_generator import first_block
 from prompts.replies import extract_code
 from tests.agent_support import run_samples, scripted
-from tools.base import MAX_ARGUMENT_DEPTH, MAX_SOURCE_BYTES, ToolContext, source_arg, strip_fence
+from tools.base import MAX_ARGUMENT_DEPTH, MAX_SOURCE_BYTES, ToolContext, ToolSettings, source_arg, strip_fence
 from tools.dispatch import run_tool
 
 HUGE = 48 << 20  # the source an agent once accepted, judged and wrote four times (a 433 MiB run folder)
@@ -45,7 +45,7 @@ def all_reduce():
 
 
 def context(problem, workdir: Path) -> ToolContext:
-    return ToolContext(problem=problem, world_size=2, device="cpu", shape="small",
+    return ToolContext(problem=problem, settings=ToolSettings(2, "cpu", "small"),
                        config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")), workdir=workdir)
 
 

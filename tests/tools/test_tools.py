@@ -23,7 +23,7 @@ from harness.measure.profiling import ProfileError
 from harness.problems.registry import get, load_suite
 from tests.conftest import CANDIDATES, live_children
 from tools import render
-from tools.base import ToolContext, ToolOutcome
+from tools.base import ToolContext, ToolOutcome, ToolSettings
 from tools.dispatch import run_tool
 from tools.langchain_tools import make_tools
 from tools.specs import TOOL_NAMES
@@ -48,11 +48,10 @@ BUDGET = 1500
 needs_tiktoken = pytest.mark.skipif(not render.encodings(), reason="no tiktoken encoding available offline")
 
 
-def make_ctx(problem, workdir: Path, **kw) -> ToolContext:
+def make_ctx(problem, workdir: Path, answer_tokens: int = BUDGET, device: str = "cpu", **kw) -> ToolContext:
     config = EvalConfig(trials=2, timing=TimingConfig.for_device("cpu"), limits=Limits(grace_s=1.0))
-    kw.setdefault("answer_tokens", BUDGET)
-    return ToolContext(problem=problem, world_size=2, device="cpu", shape="small", config=config,
-                       workdir=workdir, **kw)
+    return ToolContext(problem=problem, settings=ToolSettings(2, device, "small", answer_tokens=answer_tokens),
+                       config=config, workdir=workdir, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +219,7 @@ def test_gpu_seconds_are_wall_time_with_ranks_up_times_world_size(all_reduce, tm
         yield {"seconds": 10.0}
 
     monkeypatch.setattr("tools.check.stopwatch", ten_seconds)
-    cuda = make_ctx(all_reduce, tmp_path)
-    cuda.device = "cuda"
+    cuda = make_ctx(all_reduce, tmp_path, device="cuda")
     assert run_tool("check", {"source": source(RIGHT)}, cuda).gpu_seconds == pytest.approx((10.0 - 1.5) * 2)
     assert run_tool("check", {"source": source(RIGHT)}, make_ctx(all_reduce, tmp_path)).gpu_seconds == 0.0
 

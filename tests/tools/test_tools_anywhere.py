@@ -21,7 +21,7 @@ import pytest
 from harness.common.paths import REPO_ROOT
 from harness.compiling.compile import compile_candidate
 from tests.conftest import CANDIDATES
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 
 REPO = REPO_ROOT
 BAD_BUILD = (CANDIDATES / "compile_error_load_inline.py").read_text()
@@ -81,6 +81,6 @@ def test_tool_context_and_compile_take_relative_paths(tmp_path: Path, monkeypatc
     Path("broken.py").write_text(BAD_BUILD)
     outcome = compile_candidate(Path("broken.py"), 120.0, "cpu")
     assert not outcome.ok and outcome.verdict == "compile_error", outcome.evidence[-500:]
-    ctx = ToolContext(problem=None, world_size=2, device="cpu", shape="small", config=None,  # type: ignore[arg-type]
+    ctx = ToolContext(problem=None, settings=ToolSettings(2, "cpu", "small"), config=None,  # type: ignore[arg-type]
                       workdir=Path("sample"))
     assert ctx.workdir == tmp_path / "sample"

@@ -15,7 +15,7 @@ from harness.measure import ncu, nsys
 from harness.measure.profiling import KernelStat, ProfileReport, RankTimeline
 from tests.conftest import TESTS
 from tools import profile as profile_tool
-from tools.base import ToolContext
+from tools.base import ToolContext, ToolSettings
 from tools.render import count_tokens
 from tools.summaries import profile_text
 
@@ -141,7 +141,7 @@ def test_the_tool_asks_for_nsight_on_cuda_and_not_on_cpu(tmp_path: Path, monkeyp
     problem = get(load_suite(), "all_reduce")
     config = EvalConfig().model_copy(update={"ranks_per_gpu": 2})
     for device in ("cuda", "cpu"):
-        ctx = ToolContext(problem=problem, world_size=2, device=device, shape="default", config=config,
+        ctx = ToolContext(problem=problem, settings=ToolSettings(2, device, "default"), config=config,
                           workdir=tmp_path, gpus=[0, 0], artifacts_dir=tmp_path / "kept")
         outcome = profile_tool.run({}, ctx, candidate)
         if device == "cuda":
