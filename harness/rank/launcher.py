@@ -147,5 +147,6 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
