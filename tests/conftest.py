@@ -144,30 +144,7 @@ def _no_sandbox_where_none_works() -> None:
         os.environ["PKB_SANDBOX"] = "off"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist queues whole files (--dist loadfile) in the order of the collection below, not its default
-    # of the most tests first: that sent the files of a few long tests (the kill-and-resume runs, the agent
-    # loops) last, and one worker ran them alone for minutes after the other had finished.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def _long_tests_first(items: list[pytest.Item]) -> None:
-    """Files with more `slow` tests first, then files with more tests; each file's own order kept (its tests
-    may read what an earlier one left). Both workers collect the same order, as xdist requires."""
-    slow: dict[str, int] = {}
-    count: dict[str, int] = {}
-    for item in items:
-        name = item.nodeid.split("::", 1)[0]
-        count[name] = count.get(name, 0) + 1
-        slow[name] = slow.get(name, 0) + (item.get_closest_marker("slow") is not None)
-    position = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-slow[name := item.nodeid.split("::", 1)[0]], -count[name], name,
-                                 position[item.nodeid]))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _long_tests_first(items)
     # `@pytest.mark.gpu` needs two GPUs; `@pytest.mark.gpu(count=1)` one (ranks sharing a device).
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:

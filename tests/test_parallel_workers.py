@@ -76,24 +76,3 @@ def test_two_workers_share_one_cache_and_a_serial_test_runs_alone(tmp_path: Path
     assert len(caches) == 1, caches  # one cache for the run, not one per worker
     assert not Path(caches.pop()).exists()  # and the process that made it removed it at the end
 
-
-class _Item:
-    """What tests/conftest.py's ordering reads of a collected test: its node id and its `slow` marker."""
-
-    def __init__(self, nodeid: str, slow: bool = False) -> None:
-        self.nodeid, self.slow = nodeid, slow
-
-    def get_closest_marker(self, name: str) -> object | None:
-        return object() if name == "slow" and self.slow else None
-
-
-def test_files_of_long_tests_are_queued_first_and_each_file_keeps_its_order():
-    from tests.conftest import _long_tests_first
-
-    items = [_Item("a.py::t1"), _Item("a.py::t2"), _Item("a.py::t3"),  # many quick tests
-             _Item("b.py::t2"), _Item("b.py::t1", slow=True),  # one long test: first, its own order kept
-             _Item("c.py::t1"), _Item("c.py::t2", slow=True), _Item("c.py::t3", slow=True),
-             _Item("d.py::t1")]
-    _long_tests_first(items)  # type: ignore[arg-type]
-    assert [i.nodeid for i in items] == ["c.py::t1", "c.py::t2", "c.py::t3", "b.py::t2", "b.py::t1",
-                                         "a.py::t1", "a.py::t2", "a.py::t3", "d.py::t1"]
