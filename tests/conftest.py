@@ -157,8 +157,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def live_children() -> list[int]:
-    """PIDs of this process's children that are still running (zombies excluded)."""
-    me = os.getpid()
+    """PIDs of this process's children that are still running (zombies excluded). The fork servers of trusted
+    pools (harness.launch.zygote) live as long as this process and are not counted; the launchers they forked
+    are, as if this process had started them."""
+    from harness.launch.zygote import server_pids  # deferred: the harness loads with the test that asks
+
+    servers = set(server_pids())
+    parents = {os.getpid(), *servers}
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -169,7 +174,7 @@ def live_children() -> list[int]:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         state, ppid = fields[0], int(fields[1])
-        if ppid == me and state != "Z":
+        if ppid in parents and state != "Z" and int(entry.name) not in servers:
             pids.append(int(entry.name))
     return pids
 

@@ -126,7 +126,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 # What a rank process may load of ours: the rank side (harness/rank/), the small folder both sides share
 # (harness/common/), the one-GPU stand-ins it installs when ranks share a GPU (harness/emulation/), and what
 # loads a problem, since the reference runs in the rank (harness/problems/: only its loaders are reached).
-RANK_ENTRIES = ("harness.rank.worker", "harness.rank.launcher")
+RANK_ENTRIES = ("harness.rank.worker", "harness.rank.launcher", "harness.rank.zygote")
 RANK_SIDE = ("harness.rank", "harness.common", "harness.emulation", "harness.problems")
 
 
@@ -168,6 +168,13 @@ def test_the_rank_launcher_imports_only_the_worker_and_only_after_its_limits():
     found = [(t, in_function) for node, in_function, _ in imports("harness.rank.launcher")
              for t in _targets(node, "harness.rank.launcher")]
     assert found == [("harness.rank.worker", True)]
+
+
+def test_the_fork_server_imports_only_the_launcher():
+    # It forks trusted launchers: the worker comes through the launcher's deferred import, nothing else of ours.
+    found = [(t, in_function) for node, in_function, _ in imports("harness.rank.zygote")
+             for t in _targets(node, "harness.rank.zygote")]
+    assert found == [("harness.rank.launcher", False)]
 
 
 def harness_folder(module: str) -> str | None:

@@ -28,7 +28,6 @@ killed harness left behind is harness.launch.leftovers.
 from __future__ import annotations
 
 import secrets
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,16 @@ from harness.launch.replies import RankPipes
 from harness.launch.sandbox import SandboxInfo
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.scratch import SCRATCH_DIRS, Lease
-from harness.launch.spawn import OUTPUT_CAP, PoolSettings, Spawned, find_host_pids, sandbox_for, spawn, worker_env
+from harness.launch.spawn import (
+    OUTPUT_CAP,
+    LauncherProcess,
+    PoolSettings,
+    Spawned,
+    find_host_pids,
+    sandbox_for,
+    spawn,
+    worker_env,
+)
 
 # The names other modules import from here.
 __all__ = ["OUTPUT_CAP", "SCRATCH_DIRS", "Hang", "PoolError", "RankMisbehaved", "RankPool", "worker_env"]
@@ -119,7 +127,7 @@ class RankPool:
         return self.spawned.ranks if self.spawned is not None else []
 
     @property
-    def proc(self) -> subprocess.Popen[bytes] | None:
+    def proc(self) -> LauncherProcess | None:
         return self.spawned.proc if self.spawned is not None else None
 
     @property
@@ -133,7 +141,7 @@ class RankPool:
     @property
     def alive(self) -> bool:
         proc = self.proc
-        return bool(self.ranks) and proc is not None and proc.poll() is None \
+        return bool(self.ranks) and proc is not None and not proc.ended() \
             and all(r.returncode is None for r in self.ranks)
 
     def pids(self) -> list[int]:
@@ -220,10 +228,7 @@ class RankPool:
         if self.exchange is not None:
             self.exchange.ask_exit()
         if self.spawned is not None:
-            try:
-                self.spawned.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:  # what is left is killed next
-                pass
+            self.spawned.proc.wait_ended(timeout)  # what is left is killed next
         self.kill()
 
     def kill(self) -> None:

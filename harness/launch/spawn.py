@@ -15,11 +15,12 @@ import sys
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Protocol
 
 from harness.common.paths import REPO_ROOT
 from harness.common.safe_env import SAFE_ENV
 from harness.emulation import layout
-from harness.launch import leftovers
+from harness.launch import leftovers, zygote
 from harness.launch.replies import RankPipes
 from harness.launch.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_environment, probe
 from harness.launch.sandbox.limits import SandboxLimits
@@ -59,11 +60,38 @@ class PoolSettings:
         return self.sandboxed and self.sandbox.host_uid_switch
 
 
+class LauncherProcess(Protocol):
+    """What the pool knows of its launcher: its pid (the leader of its session) and whether it has ended."""
+
+    pid: int
+
+    def ended(self) -> bool: ...
+    def wait_ended(self, timeout: float) -> bool: ...
+
+
+class StartedLauncher:
+    """A launcher started by this process (a child of ours)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def wait_ended(self, timeout: float) -> bool:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
 @dataclass
 class Spawned:
     """The launcher's process, each rank's pipes, the launcher's status pipe, and the sandbox around them."""
 
-    proc: subprocess.Popen[bytes]
+    proc: LauncherProcess
     ranks: list[RankPipes]
     status_fd: int
     policy: SandboxPolicy | None = None
@@ -163,8 +191,15 @@ def spawn(settings: PoolSettings, folder: Path, scratch: Path, marker: str) -> S
             env["TORCH_EXTENSIONS_DIR"] = str(settings.extensions)
     try:
         with open(folder / "sandbox.log", "wb") as sandbox_log:
-            proc = subprocess.Popen(command, pass_fds=child_fds, stdin=subprocess.DEVNULL, stdout=sandbox_log,
-                                    stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT), start_new_session=True)
+            proc: LauncherProcess | None = None
+            if settings.role == "trusted" and spec["fork"] and not settings.rank_prefix:
+                # A trusted CPU pool's launcher forks from this process's server (harness.launch.zygote), which
+                # imported the worker once; where it cannot, the launcher is started as below.
+                proc = zygote.fork_launcher(spec, env, child_fds, sandbox_log.fileno())
+            if proc is None:
+                proc = StartedLauncher(subprocess.Popen(
+                    command, pass_fds=child_fds, stdin=subprocess.DEVNULL, stdout=sandbox_log,
+                    stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT), start_new_session=True))
     except BaseException:
         if cgroup is not None:
             cgroup.remove()

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 from harness.common import channel, hostile_files
 from harness.launch.replies import RankPipes
 from harness.launch.sandbox.namespace import pid_namespace_members, sandbox_init
-from harness.launch.spawn import Spawned
+from harness.launch.spawn import LauncherProcess, Spawned
 from harness.records.redaction import redact_bytes
 
 
-def signal_processes(proc: subprocess.Popen[bytes], marker: str) -> None:
+def signal_processes(proc: LauncherProcess, marker: str) -> None:
     """SIGKILL of the pool's session and of whatever carries its marker: signals only, no pipe or folder is
     touched, so any thread may call it while the pool's owner is inside a request."""
     try:
@@ -29,7 +28,7 @@ def signal_processes(proc: subprocess.Popen[bytes], marker: str) -> None:
     channel.kill_marked(marker)
 
 
-def end_processes(proc: subprocess.Popen[bytes], sandboxed: bool, marker: str) -> None:
+def end_processes(proc: LauncherProcess, sandboxed: bool, marker: str) -> None:
     """End the launcher, everything in its sandbox or session, and everything carrying the pool's marker."""
     init = sandbox_init(proc.pid) if sandboxed else None
     members = pid_namespace_members(init) if init is not None else []
@@ -38,10 +37,7 @@ def end_processes(proc: subprocess.Popen[bytes], sandboxed: bool, marker: str) -
     except (ProcessLookupError, PermissionError):
         pass
     channel.kill_session(proc.pid)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
+    proc.wait_ended(30)
     channel.kill_session(proc.pid)
     for pid in members:  # normally gone with the namespace's init already
         try:

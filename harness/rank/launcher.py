@@ -47,17 +47,18 @@ def set_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (cap, cap))
 
 
-def _die_with_launcher(launcher: int) -> None:
-    """In each worker, between fork and exec: SIGKILL when the launcher dies. Whoever kills the launcher
-    without the sandbox (Ray kills a dead worker's direct children; the launcher is one) would otherwise leave
-    the ranks orphaned, holding their GPUs; sandboxed, bwrap's --die-with-parent ends the namespace anyway.
-    The launcher is single-threaded, so 'the parent thread' is the launcher. A launcher that died before
-    the flag was set is not noticed by the kernel: the worker checks and ends itself."""
+def die_with_parent(parent: int) -> None:
+    """In each worker, between fork and exec: SIGKILL when the launcher (`parent`) dies. Whoever kills the
+    launcher without the sandbox (Ray kills a dead worker's direct children; the launcher is one) would otherwise
+    leave the ranks orphaned, holding their GPUs; sandboxed, bwrap's --die-with-parent ends the namespace anyway.
+    The launcher is single-threaded, so 'the parent thread' is the launcher (the same holds for a launcher
+    forked by harness.rank.zygote). A parent that died before the flag was set is not noticed by the kernel:
+    the child checks and ends itself."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         return  # not Linux: the reaper and the harness's kill of the launcher's group remain
-    if os.getppid() != launcher:
+    if os.getppid() != parent:
         os._exit(1)
 
 
@@ -67,7 +68,7 @@ def _worker_argv(entry: dict[str, Any], spec: dict[str, Any]) -> list[str]:
             *spec["worker_args"]]
 
 
-def _preloaded_worker() -> ModuleType | None:
+def preloaded_worker() -> ModuleType | None:
     """harness.rank.worker imported into the launcher, or None where forking from it would not be safe."""
     try:
         from harness.rank import worker  # deferred: after the limits, and only when the spec asks to fork
@@ -82,7 +83,7 @@ def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], l
     """In the forked child: the same process a started worker would be, then the worker's main."""
     code = 1
     try:
-        _die_with_launcher(launcher)
+        die_with_parent(launcher)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(entry["log_fd"], 1)
@@ -113,11 +114,16 @@ def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], l
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     set_limits(spec.get("limits", {}))
+    return run(spec, preloaded_worker() if spec.get("fork") else None)
+
+
+def run(spec: dict[str, Any], preloaded: ModuleType | None) -> int:
+    """Start the spec's ranks (forked from `preloaded` where given, else started), report each one's end on
+    the status pipe, and return once every rank has ended. The limits are set already."""
     status = os.fdopen(spec["status_fd"], "w", buffering=1)
     procs: dict[int, int] = {}
     started: list[subprocess.Popen[bytes]] = []  # held: a dropped Popen may be reaped by the next one's cleanup
     me = os.getpid()
-    preloaded = _preloaded_worker() if spec.get("fork") else None
     for entry in spec["ranks"]:
         fds = (entry["request_fd"], entry["reply_fd"], entry["events_fd"])
         if preloaded is not None and not entry.get("prefix"):
@@ -128,7 +134,7 @@ def main(argv: list[str]) -> int:
             started.append(subprocess.Popen(
                 [*entry.get("prefix", []), sys.executable, "-m", "harness.rank.worker", *_worker_argv(entry, spec)],
                 pass_fds=fds, stdin=subprocess.DEVNULL, stdout=entry["log_fd"], stderr=entry["log_fd"],
-                preexec_fn=lambda: _die_with_launcher(me)))
+                preexec_fn=lambda: die_with_parent(me)))
             pid = started[-1].pid
         procs[pid] = entry["rank"]
         for fd in (*fds, entry["log_fd"]):

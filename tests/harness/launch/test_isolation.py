@@ -6,7 +6,6 @@ sandbox), and validate's handling of a one-rank failure (CPU, gloo, W=2)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import shutil
@@ -60,19 +59,19 @@ def test_sealed_replies_open_only_with_their_key_and_nonce():
     assert open_sealed(pickle.dumps({"ok": True}), key, "n1") is None  # never unpickled
 
 
-def _reply_fd(pid: int, rank: int) -> int:
-    """The rank's reply descriptor, read from its command line: a started worker's `--reply-fd`, or a forked
-    one's launcher spec (a CPU pool's ranks fork from the launcher and keep its command line)."""
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    if b"--reply-fd" in args:
-        return int(args[args.index(b"--reply-fd") + 1])
-    spec = json.loads(args[args.index(b"harness.rank.launcher") + 1])
-    return int(next(e["reply_fd"] for e in spec["ranks"] if e["rank"] == rank))
+def _reply_fd(pool: RankPool, rank: int) -> int:
+    """The rank's reply descriptor: the one of its process's descriptors that is the pipe the harness reads the
+    rank's replies from (however the rank was started: by a launcher, forked from one, or from a fork server)."""
+    pipe = os.readlink(f"/proc/self/fd/{pool.ranks[rank].replies.fileno()}")
+    pid = pool.pids()[rank]
+    held = [int(name) for name in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{name}") == pipe]
+    assert len(held) == 1, held
+    return held[0]
 
 
-def _write_into_reply_pipe(pid: int, rank: int, data: bytes) -> None:
+def _write_into_reply_pipe(pool: RankPool, rank: int, data: bytes) -> None:
     """What a candidate in that rank could do: write straight onto the worker's reply pipe."""
-    fd = os.open(f"/proc/{pid}/fd/{_reply_fd(pid, rank)}", os.O_WRONLY)
+    fd = os.open(f"/proc/{pool.pids()[rank]}/fd/{_reply_fd(pool, rank)}", os.O_WRONLY)
     try:
         os.write(fd, data)
     finally:
@@ -93,7 +92,7 @@ def test_reply_channel_rejects_forged_replayed_and_partial_messages():
         assert all(r["ok"] for r in pool.request({"op": "ping"}, timeout=30))
 
         forged = pickle.dumps({"ok": True, "rank": 0, "verdict": "correct"})
-        _write_into_reply_pipe(pool.pids()[0], 0, struct.pack("!i", len(forged)) + forged)
+        _write_into_reply_pipe(pool, 0, struct.pack("!i", len(forged)) + forged)
         first = pool.request({"op": "ping"}, timeout=30)
         assert integrity.TAMPERING in first[0]["flags"] and "failed authentication" in first[0]["message"]
         assert first[1]["ok"]
@@ -103,7 +102,7 @@ def test_reply_channel_rejects_forged_replayed_and_partial_messages():
 
         # A header announcing more bytes than ever come: the reader gives up at the deadline instead of
         # blocking forever inside a read.
-        _write_into_reply_pipe(pool.pids()[1], 1, struct.pack("!i", 1 << 20))
+        _write_into_reply_pipe(pool, 1, struct.pack("!i", 1 << 20))
         with pytest.raises(Hang) as hang:
             pool.request({"op": "ping"}, timeout=2, grace=1)
         assert 1 in hang.value.missing

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.common import messages
 from harness.common.paths import REPO_ROOT
 from harness.launch.pool import RankPool
@@ -55,16 +57,20 @@ def _held_pipes(pid: int) -> set[str]:
     return held
 
 
-def test_a_cpu_pools_ranks_fork_from_the_launcher_and_hold_only_their_own_pipes():
-    pool = RankPool(2, "cpu").start()
+@pytest.mark.parametrize(("role", "started_as"), [("candidate", b"harness.rank.launcher"),
+                                                  ("trusted", b"harness.rank.zygote")])
+def test_a_cpu_pools_ranks_fork_from_the_launcher_and_hold_only_their_own_pipes(role, started_as):
+    """A candidate pool's launcher is started (in its sandbox); a trusted pool's is forked by the fork server
+    (harness.launch.zygote). Either way the ranks fork from the launcher and keep the command line of the
+    process that was exec'd."""
+    pool = RankPool(2, "cpu", role=role).start()
     try:
         assert pool.spawned is not None
         own = {r.rank: {_pipe_inode(fd) for fd in (r.requests.fileno(), r.replies.fileno(), r.events_fd, r.log_fd)}
                for r in pool.ranks}
         status = _pipe_inode(pool.spawned.status_fd)
         for rank, pid in enumerate(pool.pids()):
-            # Forked, not started: a rank keeps the launcher's command line.
-            assert b"harness.rank.launcher" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert started_as in Path(f"/proc/{pid}/cmdline").read_bytes()
             held = _held_pipes(pid)
             assert held <= own[rank], held - own[rank]  # not the status pipe, not the other rank's pipes
             assert status not in held
@@ -78,8 +84,8 @@ def test_a_cpu_pools_ranks_fork_from_the_launcher_and_hold_only_their_own_pipes(
 THREADED = """
 import threading, time
 threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
-from harness.rank.launcher import _preloaded_worker
-print(_preloaded_worker() is None)
+from harness.rank.launcher import preloaded_worker
+print(preloaded_worker() is None)
 """
 ALONE = THREADED.replace("threading.Thread(target=time.sleep, args=(30,), daemon=True).start()", "")
 
