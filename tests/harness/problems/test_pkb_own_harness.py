@@ -8,7 +8,6 @@ trees, and the parser against outputs shaped like PKB's."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from harness.problems.parallelkernelbench.own_harness import (
     score_with_pkb,
 )
 from harness.records.results import CandidateInfo, EvalResult, Failure
-from tests.conftest import TESTS
+from tests.conftest import TESTS, live_children
 
 FIX = TESTS / "fixtures" / "pkb_own_harness"
 OUTPUTS = FIX / "outputs"
@@ -333,16 +332,7 @@ def test_multicast_filter_on_the_recorded_sets() -> None:
 
 def test_no_token_process_left_by_this_module() -> None:
     # Every runner above ended its processes: none of this test process's children is still running.
-    children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                and _ppid(int(p.name)) == os.getpid() and alive(int(p.name))]
-    assert children == []
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    assert live_children() == []
 
 
 # -- the side-by-side report ------------------------------------------------------------------------
