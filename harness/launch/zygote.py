@@ -94,7 +94,10 @@ class _Server:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
                 message, received, flags, _ = socket.recv_fds(self.sock, MAX_REPLY, 1)
             except OSError:
-                self.close()
+                # No answer in time, or the socket broke: whether a launcher was forked is unknown, and the caller
+                # is about to start one on the same pipes. Ending the server ends whatever it forked (each launcher
+                # dies with it), its other pools' launchers too: the price of a server that stopped answering.
+                self.kill()
                 return None
         try:
             reply = json.loads(message) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else {}
@@ -103,9 +106,11 @@ class _Server:
                 return ForkedLauncher(pid, received.pop())
             if not message:
                 self.close()  # the server ended (its import failed, or left a thread): not asked again
+            elif not isinstance(reply, dict) or "error" not in reply:
+                self.kill()  # an answer that is neither: as no answer
             return None
         except ValueError:
-            self.close()
+            self.kill()
             return None
         finally:
             for fd in received:
@@ -115,6 +120,12 @@ class _Server:
         """Retire: the server ends once its launchers have."""
         self.broken = True
         self.sock.close()
+
+    def kill(self) -> None:
+        """End the server now, and with it every launcher it forked."""
+        self.close()
+        self.proc.kill()
+        self.proc.wait()
 
     def reap(self, timeout: float) -> bool:
         try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import sys
 import traceback
@@ -108,7 +109,7 @@ def _serve_one(sock: socket.socket, worker: ModuleType) -> bool:
     message, received, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
     if not message and not received:
         return False
-    pidfd = -1
+    pid, pidfd = 0, -1
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ValueError("the request was cut short")
@@ -123,6 +124,9 @@ def _serve_one(sock: socket.socket, worker: ModuleType) -> bool:
         pidfd = os.pidfd_open(pid)  # before any reap: the pid cannot have been recycled yet
         socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
     except Exception as err:  # a bad request is answered, not fatal: the caller starts its launcher itself
+        if pid:  # forked, but the caller will not hear of it: the launcher must not run beside the one it starts
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         sock.send(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
     finally:
         for fd in (*received, pidfd):

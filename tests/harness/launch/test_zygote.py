@@ -139,3 +139,19 @@ def test_a_malformed_request_is_refused_and_the_server_goes_on():
     with RankPool(2, "cpu") as pool:
         assert isinstance(pool.proc, zygote.ForkedLauncher) and _answers(pool)
         assert _ppid(pool.proc.pid) == server.proc.pid
+
+
+def test_a_server_that_stops_answering_is_ended_and_the_launcher_started(monkeypatch):
+    with RankPool(2, "cpu") as pool:
+        assert pool.proc is not None
+        server = _ppid(pool.proc.pid)
+    monkeypatch.setattr(zygote, "REPLY_TIMEOUT_S", 2.0)
+    os.kill(server, signal.SIGSTOP)  # alive, but it answers nothing: a launcher may or may not have been forked
+    try:
+        with RankPool(2, "cpu") as pool:
+            assert isinstance(pool.proc, StartedLauncher) and _answers(pool)
+        assert _wait_gone(server), "the server that stopped answering was not ended"
+    finally:
+        if pid_alive(server):
+            os.kill(server, signal.SIGKILL)
+    assert live_children() == []
