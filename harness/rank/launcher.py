@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -79,25 +80,29 @@ def preloaded_worker() -> ModuleType | None:
     return worker
 
 
-def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], launcher: int) -> NoReturn:
-    """In the forked child: the same process a started worker would be, then the worker's main."""
+def become_started(log_fd: int, keep: set[int]) -> None:
+    """In a forked child: the descriptors a started process would have: stdin from /dev/null, stdout and stderr
+    on `log_fd`, and of the rest only `keep` (as Popen's close_fds: the parent's other pipes go)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    keep = {0, 1, 2, *keep}
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass  # the listing's own descriptor, closed already
+
+
+def exit_with(body: Callable[[], int | None]) -> NoReturn:
+    """In a forked child: run `body` and end the process with its code (0 for None), never returning into the
+    parent's code; an exception is printed (on the log) and ends it with 1."""
     code = 1
     try:
-        die_with_parent(launcher)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(entry["log_fd"], 1)
-        os.dup2(entry["log_fd"], 2)
-        own = {0, 1, 2, entry["request_fd"], entry["reply_fd"], entry["events_fd"]}
-        for name in os.listdir("/proc/self/fd"):  # as Popen's close_fds: the status pipe and the other ranks' go
-            if int(name) not in own:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the listing's own descriptor, closed already
-        sys.argv = [str(worker.__file__), *argv]
-        worker.main(argv)
-        code = 0
+        returned = body()
+        code = 0 if returned is None else returned
     except SystemExit as exc:  # argparse's usage error (2), or an exit of the worker's own
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -109,6 +114,17 @@ def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], l
             except Exception:
                 pass
         os._exit(code)
+
+
+def _forked_worker(worker: ModuleType, entry: dict[str, Any], argv: list[str], launcher: int) -> NoReturn:
+    """In the forked child: the same process a started worker would be, then the worker's main."""
+    def body() -> None:
+        die_with_parent(launcher)
+        become_started(entry["log_fd"], {entry["request_fd"], entry["reply_fd"], entry["events_fd"]})
+        sys.argv = [str(worker.__file__), *argv]
+        worker.main(argv)
+
+    exit_with(body)
 
 
 def main(argv: list[str]) -> int:

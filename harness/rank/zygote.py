@@ -32,7 +32,6 @@ import select
 import signal
 import socket
 import sys
-import traceback
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -70,38 +69,18 @@ def _renumbered(request: dict[str, Any], received: list[int]) -> tuple[dict[str,
 def _launcher(worker: ModuleType, spec: dict[str, Any], stdout: int, env: dict[str, str], cwd: str,
               server: int, keep: set[int]) -> NoReturn:
     """In the forked child: the process `python -m harness.rank.launcher SPEC` would be, then its run."""
-    code = 1
-    try:
+    def body() -> int:
         os.setsid()
         launcher.die_with_parent(server)
         os.chdir(cwd)
         os.environ.clear()
         os.environ.update(env)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(stdout, 1)
-        os.dup2(stdout, 2)
-        keep = {0, 1, 2, *keep}
-        for name in os.listdir("/proc/self/fd"):  # the socket and the log's own number go
-            if int(name) not in keep:
-                try:
-                    os.close(int(name))
-                except OSError:
-                    pass  # the listing's own descriptor, closed already
+        launcher.become_started(stdout, keep)  # the socket and the log's own number go
         sys.argv = [str(launcher.__file__), json.dumps(spec)]
         launcher.set_limits(spec.get("limits", {}))
-        code = launcher.run(spec, worker)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        return launcher.run(spec, worker)
+
+    launcher.exit_with(body)
 
 
 def _serve_one(sock: socket.socket, worker: ModuleType) -> bool:
