@@ -100,18 +100,19 @@ class _Server:
                 self.kill()
                 return None
         try:
-            reply = json.loads(message) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else {}
+            if not message:
+                self.kill()  # the server ended (its import failed, or left a thread): reaped, not asked again
+                return None
+            try:
+                reply = json.loads(message) if not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else {}
+            except ValueError:
+                reply = {}
             pid = reply.get("pid") if isinstance(reply, dict) else None
             if type(pid) is int and pid > 0 and len(received) == 1:
                 return ForkedLauncher(pid, received.pop())
-            if not message:
-                self.close()  # the server ended (its import failed, or left a thread): not asked again
-            elif not isinstance(reply, dict) or "error" not in reply:
-                self.kill()  # an answer that is neither: as no answer
-            return None
-        except ValueError:
-            self.kill()
-            return None
+            if not isinstance(reply, dict) or "error" not in reply:
+                self.kill()  # an answer that is neither a launcher nor a refusal: as no answer
+            return None  # refused (a bad request): nothing was forked, and the server goes on
         finally:
             for fd in received:
                 os.close(fd)

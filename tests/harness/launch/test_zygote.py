@@ -155,3 +155,15 @@ def test_a_server_that_stops_answering_is_ended_and_the_launcher_started(monkeyp
         if pid_alive(server):
             os.kill(server, signal.SIGKILL)
     assert live_children() == []
+
+
+def test_a_server_that_cannot_fork_safely_ends_and_the_launcher_is_started(monkeypatch):
+    # With several OpenMP threads torch's import leaves a thread running: forking from there could copy a held
+    # lock, so the server ends before its first answer (harness.rank.launcher.preloaded_worker).
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    before = set(zygote.server_pids())
+    with RankPool(2, "cpu") as pool:
+        assert isinstance(pool.proc, StartedLauncher) and _answers(pool)
+    started = set(zygote.server_pids()) - before
+    assert started and not any(pid_alive(p) for p in started)  # one was started for this environment; it ended
+    assert live_children() == []
