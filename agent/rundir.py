@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.common.atomic_write import replace_atomically, write_out
+from harness.common.atomic_write import remove_leftovers, replace_atomically, write_out
 from harness.records.redaction import redact_bytes
 
 RUN_SCHEMA = "pkb-run/1"
@@ -88,6 +88,11 @@ class SampleLayout:
     def logs(self) -> Path:
         """Rank logs of the final scoring."""
         return self.path / "logs"
+
+    def remove_leftovers(self) -> list[Path]:
+        """The temporaries an earlier attempt at this sample left when killed between a write and its rename (a
+        `pkb run` stopped with SIGKILL), removed before the sample runs again."""
+        return remove_leftovers(self.path) if self.path.is_dir() else []
 
     @property
     def rescored_json(self) -> Path:

@@ -62,6 +62,7 @@ class SampleLife:
     def run_through(self, spec: SampleSpec) -> Record:
         """One sample, start to sample.json; resumes from its checkpoint where one exists."""
         sdir = self.run_dir.sample(spec.problem.name, spec.condition.name, spec.k)
+        sdir.remove_leftovers()
         previous = sdir.record() or {}
         started_at = previous.get("started_at") or now()
         log = self.log.bind(problem=spec.problem.name, condition=spec.condition.name, sample=spec.k)

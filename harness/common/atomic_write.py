@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
 import sys
@@ -50,11 +51,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def _temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+# The names _temporary_name gives: what a writer killed between its write and its rename leaves behind.
+_LEFTOVER = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+
 def replace_atomically(path: Path, data: bytes, mode: int = 0o666, *, owner: tuple[int, int] | None = None) -> None:
     """Write `data` to a new random name beside `path` (created with `mode`, less the umask; `owner`
     (uid, gid) set where given), flush it to disk, then rename it over `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = _temporary_name(path)
     fd = os.open(tmp, _NEW_FLAGS, mode)
     try:
         try:
@@ -71,6 +80,20 @@ def replace_atomically(path: Path, data: bytes, mode: int = 0o666, *, owner: tup
         except OSError:
             pass
         raise
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Remove, in `folder` and below, the temporary files of writers killed between their write and their rename
+    (a `pkb run` stopped with SIGKILL): regular files named as replace_atomically names them, no link followed.
+    Only for a folder no writer is using (a resumed sample's, before it runs again). Returns what was removed."""
+    removed = []
+    for top, _, files in os.walk(folder):  # os.walk does not descend into links to folders
+        for name in files:
+            path = Path(top) / name
+            if _LEFTOVER.fullmatch(name) and stat.S_ISREG(os.lstat(path).st_mode):
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def _in_system_tree(path: str) -> bool:

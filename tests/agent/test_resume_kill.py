@@ -106,6 +106,9 @@ def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monk
     folder = tmp_path / "run" / "samples" / "all_reduce" / "agent:check+compile" / "0"
     assert json.loads((folder / "sample.json").read_text())["status"] == "running"
     assert (folder / "candidates" / "001.py").exists()  # saved by the check that never answered
+    # What a SIGKILL between an atomic write and its rename leaves (harness.common.atomic_write's temporary name).
+    leftover = folder / "candidates" / ".002.py.0123456789ab.tmp"
+    leftover.write_text("half a candidate")
     monkeypatch.setattr(agent.tool_calls, "run_tool", real)
     model = scripted(steps)
     runner, summary = run_samples(tmp_path, [model], conditions=["agent:check+compile"])
@@ -117,6 +120,7 @@ def test_a_sample_stopped_inside_a_tool_call_resumes_at_that_call(tmp_path, monk
     assert (record["turns"], record["tool_calls"], record["stop_reason"]) == (
         3, {"compile": 1, "check": 1, "submit": 1}, "submitted")
     assert sorted(p.name for p in (folder / "candidates").glob("*.py")) == ["000.py", "001.py", "002.py"]
+    assert not leftover.exists()  # removed when the sample started again
     roles = [(m["role"], m.get("name")) for m in json.loads((folder / "transcript.json").read_text())]
     assert roles == [("system", None), ("user", None), ("assistant", None), ("tool", "compile"),
                      ("assistant", None), ("tool", "check"), ("assistant", None), ("tool", "submit")]

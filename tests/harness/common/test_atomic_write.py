@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.common.atomic_write import OutRefused, check_out, replace_atomically, write_out
+from harness.common.atomic_write import OutRefused, check_out, remove_leftovers, replace_atomically, write_out
 
 ROOT = os.geteuid() == 0
 
@@ -154,3 +154,37 @@ def test_as_root_a_users_file_keeps_its_owner(tmp_path: Path):
     os.chown(out, 65534, 65534)
     write_out(out, b"new")
     assert (out.stat().st_uid, out.stat().st_gid) == (65534, 65534) and out.read_bytes() == b"new"
+
+
+def test_remove_leftovers_takes_only_a_killed_writers_temporaries(tmp_path: Path):
+    folder = tmp_path / "sample"
+    (folder / "candidates").mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(folder / "candidates" / "000.py")],
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9, killed.stderr
+    left = [p.name for p in (folder / "candidates").iterdir()]
+    assert len(left) == 1 and left[0].startswith(".000.py.") and left[0].endswith(".tmp")  # what a kill leaves
+    kept = [folder / "sample.json", folder / ".hidden", folder / "notes.tmp", folder / ".x.notahexname.tmp",
+            folder / ".y.0123456789ab.tmp.bak"]
+    for path in kept:
+        path.write_text("mine")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / ".z.0123456789ab.tmp").write_text("not the sample's")
+    (folder / "linked").symlink_to(outside)  # a link to a folder is not followed
+    (folder / ".w.0123456789ab.tmp").symlink_to(outside / ".z.0123456789ab.tmp")  # nor is a file's link removed
+    removed = remove_leftovers(folder)
+    assert [p.name for p in removed] == left
+    assert not any((folder / "candidates").iterdir())
+    assert all(p.exists() for p in kept) and (outside / ".z.0123456789ab.tmp").exists()
+    assert (folder / ".w.0123456789ab.tmp").is_symlink()
+
+
+# replace_atomically, with the process killed (SIGKILL) after its write and before its rename.
+KILLED_MID_WRITE = """
+import os, signal, sys
+from pathlib import Path
+from harness.common import atomic_write
+os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+atomic_write.replace_atomically(Path(sys.argv[1]), b"half a candidate")
+"""
