@@ -1,5 +1,6 @@
 """Starting a pool's processes: one launcher (harness.rank.launcher) that starts the W rank workers, each with
-its four pipes, inside the sandbox for a candidate pool (bwrap under a memory cgroup where one can be made).
+its four pipes, inside the sandbox for a candidate pool (bwrap under a memory cgroup where one can be made); a
+trusted CPU pool's launcher is forked by this process's fork server instead (harness.launch.zygote).
 
 What a pool is asked for lives in `PoolSettings`; `spawn` starts the processes and returns what the rest of the
 pool works with (`Spawned`). The pool's folder and scratch are made before (harness.launch.scratch); watching,
