@@ -68,7 +68,9 @@ class ForkedLauncher:
 class _Server:
     proc: subprocess.Popen[bytes]
     sock: socket.socket
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held for a whole request, and by close(): a server retired by another thread (a new environment) is never
+    # closed between a request and its answer, which would leave unknown whether a launcher was forked.
+    lock: threading.RLock = field(default_factory=threading.RLock)
     broken: bool = False
 
     @classmethod
@@ -119,8 +121,9 @@ class _Server:
 
     def close(self) -> None:
         """Retire: the server ends once its launchers have."""
-        self.broken = True
-        self.sock.close()
+        with self.lock:
+            self.broken = True
+            self.sock.close()
 
     def kill(self) -> None:
         """End the server now, and with it every launcher it forked."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -166,4 +167,18 @@ def test_a_server_that_cannot_fork_safely_ends_and_the_launcher_is_started(monke
         assert isinstance(pool.proc, StartedLauncher) and _answers(pool)
     started = set(zygote.server_pids()) - before
     assert started and not any(pid_alive(p) for p in started)  # one was started for this environment; it ended
+    assert live_children() == []
+
+
+def test_a_server_is_not_retired_in_the_middle_of_a_request():
+    server = zygote._SERVERS.get(worker_env("cpu"))
+    with server.lock:  # what a request holds from sending to its answer
+        closer = threading.Thread(target=server.close)
+        closer.start()
+        closer.join(0.5)
+        assert closer.is_alive() and not server.broken  # the retirement waits for the answer
+    closer.join(10)
+    assert not closer.is_alive() and server.broken
+    with RankPool(2, "cpu") as pool:  # the next pool gets a new server
+        assert isinstance(pool.proc, zygote.ForkedLauncher) and _ppid(pool.proc.pid) != server.proc.pid
     assert live_children() == []
