@@ -133,30 +133,38 @@ def _all_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
 
 
-# One evaluation in a fresh interpreter whose environment holds the markers from its start, as a harness
-# started with API keys has them: /proc/PID/environ shows a process's initial environment only, so keys set
-# later in this test process would be invisible to a candidate and prove nothing.
+# Evaluations in a fresh interpreter whose environment holds the markers from its start, as a harness started
+# with API keys has them: /proc/PID/environ shows a process's initial environment only, so keys set later in
+# this test process would be invisible to a candidate and prove nothing. One interpreter for a test's
+# evaluations (arguments in threes: candidate, log folder, redaction or not), one JSON line each.
 EVALUATE = """
 import sys
 from pathlib import Path
 import harness.evaluate
 from harness.config import EvalConfig, TimingConfig
 from harness.problems.registry import get, load_suite
-if sys.argv[3] == "no-redaction":  # the control: what reaches the record without the redaction
-    harness.evaluate.secret_names = lambda: []
-r = harness.evaluate.evaluate(get(load_suite(), "all_reduce"), Path(sys.argv[1]), world_size=2, device="cpu",
-                              shape="small", config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")),
-                              log_dir=Path(sys.argv[2]))
-print(r.model_dump_json())
+redacting = harness.evaluate.secret_names
+args = sys.argv[1:]
+for candidate, logs, redaction in zip(args[0::3], args[1::3], args[2::3]):
+    # the control, "no-redaction": what reaches the record without the redaction
+    harness.evaluate.secret_names = redacting if redaction == "redaction" else (lambda: [])
+    r = harness.evaluate.evaluate(get(load_suite(), "all_reduce"), Path(candidate), world_size=2, device="cpu",
+                                  shape="small", config=EvalConfig(trials=2, timing=TimingConfig.for_device("cpu")),
+                                  log_dir=Path(logs))
+    print(r.model_dump_json(), flush=True)
 """
 
 
-def _evaluate_with_keys(candidate: Path, logs: Path, env: dict[str, str], redaction: bool = True) -> str:
-    done = subprocess.run([sys.executable, "-c", EVALUATE, str(candidate), str(logs),
-                           "redaction" if redaction else "no-redaction"], env=env, capture_output=True, text=True,
+def _evaluate_with_keys(jobs: list[tuple[Path, Path, bool]], env: dict[str, str]) -> list[str]:
+    """The records of (candidate, log folder, redaction on) evaluations, in order."""
+    args = [str(a) for candidate, logs, redaction in jobs
+            for a in (candidate, logs, "redaction" if redaction else "no-redaction")]
+    done = subprocess.run([sys.executable, "-c", EVALUATE, *args], env=env, capture_output=True, text=True,
                           timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+    records = done.stdout.strip().splitlines()[-len(jobs):]
+    assert len(records) == len(jobs) and all(r.startswith("{") for r in records), done.stdout[-3000:]
+    return records
 
 
 @pytest.mark.slow
@@ -168,9 +176,9 @@ def test_an_evaluation_records_no_secret(sandbox, tmp_path):
     env = {**os.environ, **values, "PYTHONPATH": str(ROOT)}
     if sandbox == "off":
         env["PKB_SANDBOX"] = "off"
-    for candidate in LEAKERS:
-        logs = tmp_path / candidate.stem
-        record = _evaluate_with_keys(candidate, logs, env)
+    jobs = [(candidate, tmp_path / candidate.stem, True) for candidate in LEAKERS]
+    *records, raw = _evaluate_with_keys([*jobs, (LEAKERS[0], tmp_path / "control", False)], env)
+    for (candidate, logs, _), record in zip(jobs, records):
         result = json.loads(record)
         assert not result["correct"] and result["verdict"] != "infra_error", result["failure"]
         assert leaks(record.encode(), values) == [], candidate.name
@@ -179,11 +187,9 @@ def test_an_evaluation_records_no_secret(sandbox, tmp_path):
     if sandbox == "off":
         # The control: without a sandbox the candidate does reach the harness's keys (its parent's
         # /proc/PID/environ), and only the redaction keeps them out of the record.
-        raw = _evaluate_with_keys(LEAKERS[0], tmp_path / "control", env, redaction=False)
         assert values["PKBTEST_ANTHROPIC_API_KEY"] in raw
     else:
         # Sandboxed, the candidate finds nothing to leak in the first place.
-        raw = _evaluate_with_keys(LEAKERS[0], tmp_path / "control", env, redaction=False)
         assert leaks(raw.encode(), values) == []
 
 
