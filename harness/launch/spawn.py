@@ -27,7 +27,7 @@ from harness.launch.sandbox import EXT_MOUNT, SandboxInfo, SandboxPolicy, clean_
 from harness.launch.sandbox.limits import SandboxLimits
 from harness.launch.sandbox.memory import MemoryCgroup
 from harness.launch.sandbox.namespace import children
-from harness.records.cache_dir import cache_root
+from harness.records.cache_dir import cache_root, keep_inductor_cache_here
 
 OUTPUT_CAP = 64 << 20  # bytes of stdout+stderr a pool's ranks may write together
 
@@ -110,6 +110,7 @@ def sandbox_for(role: str, wanted: bool) -> SandboxInfo:
 
 
 def worker_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    keep_inductor_cache_here()
     env = dict(os.environ)
     env.update(SAFE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)

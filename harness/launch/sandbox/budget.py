@@ -14,13 +14,12 @@ BYTES}` (any of them): per-rank floors over the derived budget (the settings sti
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 from harness.common.integrity import IntegrityConfig
 from harness.launch.sandbox.limits import SandboxLimits
-from harness.records.cache_dir import cache_root
+from harness.records.cache_dir import keep_inductor_cache_here
 
 if TYPE_CHECKING:
     from harness.problems.problem import Problem
@@ -55,9 +54,7 @@ def _meta_mode() -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    # Entering a dispatch mode imports torch._dynamo, which makes its cache folder at import: under TMPDIR
-    # unless told otherwise. The harness's own cache folder instead (no sandbox sees it), set for good.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    keep_inductor_cache_here()  # entering a dispatch mode imports torch._dynamo
 
     class OnMeta(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -182,3 +182,17 @@ def test_a_server_is_not_retired_in_the_middle_of_a_request():
     with RankPool(2, "cpu") as pool:  # the next pool gets a new server
         assert isinstance(pool.proc, zygote.ForkedLauncher) and _ppid(pool.proc.pid) != server.proc.pid
     assert live_children() == []
+
+
+def test_a_trusted_pools_environment_is_the_same_before_and_after_an_evaluation_measured_its_inputs(monkeypatch):
+    """Measuring a problem's inputs on the meta device imports torch._dynamo, which wants its cache folder named
+    in the environment: set there during a process's first evaluation, it gave that process a second server
+    (and a second torch import) for every later evaluation."""
+    from harness.launch.sandbox import budget
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "recorded, so that the test's undo restores it")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    first = worker_env("cpu")
+    with budget._meta_mode():
+        pass
+    assert worker_env("cpu") == first
