@@ -119,6 +119,18 @@ def _assigned_gpus(world_size: int) -> list[int] | None:
     return None  # UUIDs: CUDA_VISIBLE_DEVICES, which Ray set for this worker, already names exactly these
 
 
+def threads_as_on_the_driver(value: str | None) -> None:
+    """OMP_NUM_THREADS in this task as the driver has it (unset: the harness's own default, one thread per CPU
+    rank). Ray sets it in a task to the task's CPU count where the node leaves it unset: W for a CPU evaluation
+    of W ranks, so each of the W ranks ran W threads on the W CPUs the task holds; and with more than one
+    thread torch's import starts its pool, so neither pool could fork its ranks from one import
+    (harness.rank.launcher) and an evaluation paid six torch imports instead of one."""
+    if value is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = value
+
+
 def report_node() -> dict[str, Any]:
     """What the driver checks before using a node: it runs pkb-agent, and the same harness and problems."""
     import torch
@@ -127,12 +139,13 @@ def report_node() -> dict[str, Any]:
 
 
 def evaluate_on_node(payload: dict[str, Any]) -> dict[str, Any]:
-    """The body of one Ray task: {"request", "code", "root"} in, {"result": EvalResult JSON, "logs"} out.
+    """The body of one Ray task: {"request", "code", "root", "threads"} in, {"result": EvalResult JSON, "logs"} out.
 
     An exception here is the infrastructure's (the harness reports the candidate's failures in its result),
     so Ray retries it like a worker crash.
     """
     os.environ.update(SAFE_ENV)  # NVLink multicast stays off in the task's own process too
+    threads_as_on_the_driver(payload["threads"])
     request = EvalRequest(**payload["request"])
     here = node_info()
     code = code_hash()
@@ -172,6 +185,7 @@ def call_on_node(payload: dict[str, Any]) -> Any:
     """The body of a device call's Ray task: fn(*args, **kwargs) on this node's W GPUs, Problems and files
     unpacked here; its return value goes back as it is (pickled by Ray)."""
     os.environ.update(SAFE_ENV)
+    threads_as_on_the_driver(payload["threads"])
     code = code_hash()
     if payload["code"] != code:
         raise ExecutorError(f"node {node_info()['node_ip']} runs other harness or problem code "
@@ -309,7 +323,8 @@ class RayExecutor:
     # -- evaluations --------------------------------------------------------------------------------
     def submit(self, request: EvalRequest) -> Any:
         """Start one evaluation; `collect` waits for it."""
-        payload = {"request": asdict(request), "code": self.code, "root": str(REPO_ROOT)}
+        payload = {"request": asdict(request), "code": self.code, "root": str(REPO_ROOT),
+                   "threads": os.environ.get("OMP_NUM_THREADS")}
         return self._task.options(**self.task_options(request.world_size, request.device)).remote(payload)
 
     def _wait(self, ref: Any) -> bool:
@@ -367,7 +382,8 @@ class RayExecutor:
         ExecutorError."""
         ray = self._ray
         payload = {"fn": fn, "args": [_pack(a) for a in args], "kwargs": {k: _pack(v) for k, v in kwargs.items()},
-                   "world_size": world_size, "device": device, "code": self.code, "root": str(REPO_ROOT)}
+                   "world_size": world_size, "device": device, "code": self.code, "root": str(REPO_ROOT),
+                   "threads": os.environ.get("OMP_NUM_THREADS")}
         # Only lost workers and nodes are retried: an exception of fn is its answer, and goes to the caller.
         options = {**self.task_options(world_size, device), "retry_exceptions": False}
         ref = self._call.options(**options).remote(payload)

@@ -6,7 +6,8 @@ started; forked from a server that imported it once, a few milliseconds. Only tr
 their launcher and ranks run the harness's own code, and each one is forked from a server that has run
 nothing else, so no pool sees another's state. Anything that goes wrong with the server (it cannot start,
 its import leaves a thread, a request is refused or the socket breaks) gives None, and the caller starts
-its launcher as it always could (harness.launch.spawn).
+its launcher as it always could (harness.launch.spawn). A server that ended before it ever answered is not
+started again for that environment: what stopped it (a thread left by the import) would stop the next.
 
 A server is keyed by the environment it imported torch under (minus what changes per pool or per test), so
 a pool never gets a launcher whose libraries read another environment at import. A new environment
@@ -72,6 +73,8 @@ class _Server:
     # closed between a request and its answer, which would leave unknown whether a launcher was forked.
     lock: threading.RLock = field(default_factory=threading.RLock)
     broken: bool = False
+    answered: bool = False  # it answered a request once (a launcher or a refusal): it could serve
+    failed_unanswered: bool = False  # it broke before it ever answered
 
     @classmethod
     def start(cls, env: dict[str, str]) -> _Server:
@@ -111,9 +114,12 @@ class _Server:
                 reply = {}
             pid = reply.get("pid") if isinstance(reply, dict) else None
             if type(pid) is int and pid > 0 and len(received) == 1:
+                self.answered = True
                 return ForkedLauncher(pid, received.pop())
             if not isinstance(reply, dict) or "error" not in reply:
                 self.kill()  # an answer that is neither a launcher nor a refusal: as no answer
+                return None
+            self.answered = True
             return None  # refused (a bad request): nothing was forked, and the server goes on
         finally:
             for fd in received:
@@ -127,6 +133,7 @@ class _Server:
 
     def kill(self) -> None:
         """End the server now, and with it every launcher it forked."""
+        self.failed_unanswered = not self.answered
         self.close()
         self.proc.kill()
         self.proc.wait()
@@ -146,15 +153,25 @@ class _Servers:
         self.lock = threading.Lock()
         self.live: OrderedDict[tuple[tuple[str, str], ...], _Server] = OrderedDict()
         self.retired: list[_Server] = []
+        # Environments whose server ended before it ever answered (its import left a thread: OMP_NUM_THREADS
+        # above 1, as Ray sets it for a task, makes torch's import start its pool). Not started again: each try
+        # cost a torch import, on every evaluation of a Ray worker.
+        self.unservable: set[tuple[tuple[str, str], ...]] = set()
 
-    def get(self, env: dict[str, str]) -> _Server:
+    def get(self, env: dict[str, str]) -> _Server | None:
+        """The server for `env`, started if need be; None for an environment whose server could not serve."""
         key = tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE))
         with self.lock:
             self.retired = [s for s in self.retired if not s.reap(0)]
             server = self.live.get(key)
+            if key in self.unservable:
+                return None
             if server is None or server.broken:
                 if server is not None:
                     self._retire(self.live.pop(key))
+                    if server.failed_unanswered:
+                        self.unservable.add(key)
+                        return None
                 server = self.live[key] = _Server.start({k: v for k, v in env.items() if k not in VOLATILE})
                 while len(self.live) > MAX_SERVERS:
                     self._retire(self.live.popitem(last=False)[1])
@@ -186,6 +203,7 @@ class _Servers:
         self.lock = threading.Lock()
         self.live = OrderedDict()
         self.retired = []
+        self.unservable = set()
 
 
 _SERVERS = _Servers()
@@ -204,7 +222,7 @@ def fork_launcher(spec: dict[str, object], env: dict[str, str], fds: list[int], 
         server = _SERVERS.get(env)
     except OSError:
         return None
-    return server.fork(request, passed)
+    return server.fork(request, passed) if server is not None else None
 
 
 def server_pids() -> list[int]:

@@ -628,6 +628,17 @@ def test_ray_device_calls_carry_problem_and_candidate_to_the_node(ray_executor, 
     assert type(raised.value) is KeyError
 
 
+@needs_ray
+def test_a_tasks_thread_count_is_the_drivers_not_rays(ray_executor, monkeypatch):
+    """Ray sets OMP_NUM_THREADS in a task to its CPU count (W for a CPU evaluation): with more than one thread
+    torch's import starts its pool and no rank pool could fork its ranks from one import. The task takes the
+    driver's value, or none where the driver has none (the harness's default then: one per CPU rank)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert ray_executor.run_on_devices(2, "cpu", os.getenv, "OMP_NUM_THREADS") is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert ray_executor.run_on_devices(2, "cpu", os.getenv, "OMP_NUM_THREADS") == "3"
+
+
 def _stalled(marker: Path) -> tuple[int, list[int], list[Path]]:
     """(the Ray worker running the stalled evaluation, its rank pids, its folders), once both ranks stall."""
     wait_for(lambda: len(list(marker.glob("rank*.pid"))) == 2, 180, "both ranks of the evaluation starting")

@@ -129,6 +129,7 @@ def test_candidate_and_prefixed_pools_start_their_launcher(settings):
 
 def test_a_malformed_request_is_refused_and_the_server_goes_on():
     server = zygote._SERVERS.get(worker_env("cpu"))  # the server a trusted CPU pool gets
+    assert server is not None
     read, write = os.pipe()
     try:
         assert server.fork({"spec": {"ranks": "no"}, "fds": [read, write], "stdout": write}, [read, write]) is None
@@ -167,11 +168,17 @@ def test_a_server_that_cannot_fork_safely_ends_and_the_launcher_is_started(monke
         assert isinstance(pool.proc, StartedLauncher) and _answers(pool)
     started = set(zygote.server_pids()) - before
     assert started and not any(pid_alive(p) for p in started)  # one was started for this environment; it ended
+    # ... and is not started again for it (each try costs a torch import): the next pools start their launcher.
+    for _ in range(2):
+        with RankPool(2, "cpu") as pool:
+            assert isinstance(pool.proc, StartedLauncher) and _answers(pool)
+    assert set(zygote.server_pids()) - before <= started
     assert live_children() == []
 
 
 def test_a_server_is_not_retired_in_the_middle_of_a_request():
     server = zygote._SERVERS.get(worker_env("cpu"))
+    assert server is not None
     with server.lock:  # what a request holds from sending to its answer
         closer = threading.Thread(target=server.close)
         closer.start()
