@@ -44,7 +44,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def make_chat_model(
-    spec: ModelSpec | str,
+    spec: ModelSpec,
     *,
     base_url: str | None = None,
     api_key_env: str | None = None,
@@ -55,9 +55,9 @@ def make_chat_model(
     reasoning: ReasoningConfig | None = None,
     models: ModelTable | None = None,
 ) -> BaseChatModel:
-    """The chat model for `spec`, with SDK retries off. `env` defaults to os.environ (tests pass their own);
-    `models` defaults to the packaged model table."""
-    spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    """The chat model for `spec` (parsed once, where the text came in: agent.model_spec.parse_model_spec), with
+    SDK retries off. `env` defaults to os.environ (tests pass their own); `models` defaults to the packaged model
+    table."""
     env = os.environ if env is None else env
     if spec.provider == "replay":
         raise ProviderError(f"{spec.text} replays solution files; it has no chat model (the runner reads DIR)")

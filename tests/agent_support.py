@@ -12,6 +12,7 @@ from langchain_core.language_models import BaseChatModel
 from agent.budgets import (
     Budget,
 )
+from agent.providers import make_chat_model, parse_model_spec
 from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
 from agent.scheduler import DeviceScheduler
@@ -58,3 +59,8 @@ def run_samples(tmp_path: Path, models: Sequence[BaseChatModel] | Callable[[], B
     runner = Runner(run_dir, run_config, chosen, concurrency=concurrency, prices=prices, model_factory=factory,
                     eval_config=eval_config(), scheduler=DeviceScheduler("cpu", 2, cpu_slots=1))
     return runner, runner.run()
+
+
+def chat_model_for(text: str, **options: Any) -> BaseChatModel:
+    """make_chat_model for a "provider:name" text, parsed as `pkb run` parses --model."""
+    return make_chat_model(parse_model_spec(text), **options)

@@ -18,7 +18,7 @@ from langchain_core.messages import HumanMessage
 
 from agent.cli import main as pkb
 from agent.graph import finish_reason
-from agent.providers import make_chat_model
+from agent.providers import make_chat_model, parse_model_spec
 from agent.retry import invoke_model
 from agent.usage import usage_of
 from tests.llama_server import MODEL_ALIAS, LlamaServer, find_model, llama_server
@@ -58,13 +58,13 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_wire_format_usage_and_finish_reasons(server: LlamaServer) -> None:
-    model = make_chat_model(MODEL, base_url=server.url, max_output_tokens=5, temperature=0.0)
+    model = make_chat_model(parse_model_spec(MODEL), base_url=server.url, max_output_tokens=5, temperature=0.0)
     reply = invoke_model(model, [HumanMessage("Write a long story about a dragon who learns to fly.")], attempts=1)
     usage = usage_of(reply)
     assert usage is not None and usage.input_tokens > 5
     # the server read the output limit (llama.cpp knows only max_tokens) and says why it stopped
     assert usage.output_tokens == 5 and finish_reason(reply) == "length" and str(reply.content).strip()
-    roomy = make_chat_model(MODEL, base_url=server.url, max_output_tokens=64, temperature=0.0)
+    roomy = make_chat_model(parse_model_spec(MODEL), base_url=server.url, max_output_tokens=64, temperature=0.0)
     answer = invoke_model(roomy, [HumanMessage("Reply with one word: yes.")], attempts=1)
     usage = usage_of(answer)
     assert finish_reason(answer) in ("stop", "length") and usage is not None and 0 < usage.output_tokens <= 64

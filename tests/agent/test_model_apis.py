@@ -23,7 +23,7 @@ from agent.caching import breakpoint_positions, with_breakpoints
 from agent.cli import main as pkb
 from agent.context import ContextPolicy, ContextState, best_and_newest, prepare
 from agent.model_table import load_model_table
-from agent.providers import ProviderError, make_chat_model
+from agent.providers import ProviderError
 from agent.reasoning import ReasoningConfig
 from agent.retry import invoke_model
 from agent.rundir import RunDir
@@ -32,6 +32,7 @@ from agent.scheduler import DeviceScheduler
 from agent.usage import Usage, load_price_table, usage_of
 from harness.config import EvalConfig
 from harness.problems.registry import get, load_suite
+from tests.agent_support import chat_model_for
 from tests.fakes.anthropic_api import AnthropicFake, AnthropicModel, signature
 from tests.fakes.base import Turn
 from tests.fakes.openai_api import CACHE_STEP, OpenAIFake, OpenAIModel
@@ -227,15 +228,15 @@ def test_openai_server_refuses_temperature_and_max_tokens_for_a_reasoning_model_
             invoke_model(raw, [HumanMessage("hi")], attempts=1)
         table = load_model_table(tables["models"])
         with pytest.raises(ProviderError, match="refuses a temperature"):  # refused before any request
-            make_chat_model("openai:gpt-fake", base_url=fake.url + "/v1", temperature=0.2, models=table)
-        model = make_chat_model("openai:gpt-fake", base_url=fake.url + "/v1", max_output_tokens=500, models=table,
-                                reasoning=ReasoningConfig("high"))
+            chat_model_for("openai:gpt-fake", base_url=fake.url + "/v1", temperature=0.2, models=table)
+        model = chat_model_for("openai:gpt-fake", base_url=fake.url + "/v1", max_output_tokens=500, models=table,
+                               reasoning=ReasoningConfig("high"))
         assert invoke_model(model, [HumanMessage("hi")], attempts=1).content == "ok"
         body = fake.exchanges[-1].body
         assert body["reasoning_effort"] == "high" and body["max_completion_tokens"] == 500
         assert "max_tokens" not in body and "temperature" not in body
         # a model the table does not know (a compatible server) gets max_tokens as well: llama.cpp reads only that
-        model = make_chat_model("openai:chat-fake", base_url=fake.url + "/v1", max_output_tokens=500, models=table)
+        model = chat_model_for("openai:chat-fake", base_url=fake.url + "/v1", max_output_tokens=500, models=table)
         invoke_model(model, [HumanMessage("hi")], attempts=1)
         assert fake.exchanges[-1].body["max_tokens"] == 500 == fake.exchanges[-1].body["max_completion_tokens"]
 
@@ -314,7 +315,7 @@ def test_anthropic_usage_split_by_cache_ttl_is_counted_as_cache_writes():
     """The API reports writes per TTL (cache_creation.ephemeral_5m_input_tokens); LangChain then zeroes the
     undivided figure, and the writes must still be priced as writes."""
     with AnthropicFake(models={"claude-fake": AnthropicModel(WINDOW)}) as fake:
-        model = make_chat_model("anthropic:claude-fake", base_url=fake.url, max_output_tokens=100)
+        model = chat_model_for("anthropic:claude-fake", base_url=fake.url, max_output_tokens=100)
         reply = invoke_model(model, with_breakpoints([SystemMessage("s" * 6000), HumanMessage("a")], 2), attempts=1)
     usage = usage_of(reply)
     assert usage is not None
@@ -375,14 +376,14 @@ def test_recall_returns_an_old_candidate_whole(tmp_path):
 def test_reasoning_settings_map_per_provider_and_contradictions_fail_before_any_request():
     table = load_model_table()
     env = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
-    gpt = make_chat_model("openai:gpt-5.5", reasoning=ReasoningConfig("high"), max_output_tokens=1000, env=env)
+    gpt = chat_model_for("openai:gpt-5.5", reasoning=ReasoningConfig("high"), max_output_tokens=1000, env=env)
     assert isinstance(gpt, ChatOpenAI)
     assert gpt.reasoning_effort == "high" and gpt.max_tokens == 1000 and gpt.temperature is None
-    opus = make_chat_model("anthropic:claude-opus-4-8", reasoning=ReasoningConfig("xhigh"), env=env)
+    opus = chat_model_for("anthropic:claude-opus-4-8", reasoning=ReasoningConfig("xhigh"), env=env)
     assert isinstance(opus, ChatAnthropic)
     assert opus.thinking == {"type": "adaptive", "display": "summarized"} and opus.output_config == {"effort": "xhigh"}
-    haiku = make_chat_model("anthropic:claude-haiku-4-5", reasoning=ReasoningConfig(thinking_budget=10_000),
-                            env=env)
+    haiku = chat_model_for("anthropic:claude-haiku-4-5", reasoning=ReasoningConfig(thinking_budget=10_000),
+                           env=env)
     assert isinstance(haiku, ChatAnthropic)
     assert haiku.thinking == {"type": "enabled", "budget_tokens": 10_000}
     assert haiku.max_tokens is not None and haiku.max_tokens > 10_000
@@ -395,7 +396,7 @@ def test_reasoning_settings_map_per_provider_and_contradictions_fail_before_any_
             ("anthropic:claude-haiku-4-5", {"reasoning": ReasoningConfig(thinking_budget=8000),
                                             "max_output_tokens": 4000}, "must exceed")):
         with pytest.raises(ProviderError, match=words):
-            make_chat_model(spec, env=env, models=table, **kwargs)
+            chat_model_for(spec, env=env, models=table, **kwargs)
 
 
 def test_usage_counts_reasoning_tokens_and_prices_them_as_output():

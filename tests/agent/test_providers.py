@@ -19,10 +19,11 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.tools import tool
 from structlog.testing import capture_logs
 
-from agent.providers import ModelSpec, ProviderError, make_chat_model, parse_model_spec
+from agent.providers import ModelSpec, ProviderError, parse_model_spec
 from agent.retry import invoke_model
 from agent.scripted import ScriptedChatModel, ScriptExhausted, register_script, script_from_steps
 from agent.usage import PriceTable, PriceTableError, Usage, load_price_table, usage_of
+from tests.agent_support import chat_model_for
 
 # ---------------------------------------------------------------------------------------------------
 # Local servers
@@ -172,10 +173,10 @@ def ok_reply(wire: str) -> Reply:
 
 def model_for(wire: str, server_url: str, **kwargs: Any) -> Any:
     if wire == "openai":
-        return make_chat_model("openai:gpt-5.4", base_url=server_url + "/v1", env={"OPENAI_API_KEY": "sk-test"},
-                               **kwargs)
-    return make_chat_model("anthropic:claude-sonnet-5", base_url=server_url, env={"ANTHROPIC_API_KEY": "sk-ant-test"},
-                           **kwargs)
+        return chat_model_for("openai:gpt-5.4", base_url=server_url + "/v1", env={"OPENAI_API_KEY": "sk-test"},
+                              **kwargs)
+    return chat_model_for("anthropic:claude-sonnet-5", base_url=server_url, env={"ANTHROPIC_API_KEY": "sk-ant-test"},
+                          **kwargs)
 
 
 @tool
@@ -219,21 +220,21 @@ def test_bad_model_string_is_one_clear_line(text):
 
 def test_missing_api_key_names_the_variable():
     with pytest.raises(ProviderError, match="OPENAI_API_KEY"):
-        make_chat_model("openai:gpt-5.4", env={})
+        chat_model_for("openai:gpt-5.4", env={})
     with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY"):
-        make_chat_model("anthropic:claude-sonnet-5", env={})
+        chat_model_for("anthropic:claude-sonnet-5", env={})
     with pytest.raises(ProviderError, match="TOGETHER_API_KEY"):  # named explicitly: required even with a base URL
-        make_chat_model("openai:meta/llama", base_url="https://api.together.xyz/v1", api_key_env="TOGETHER_API_KEY",
-                        env={"OPENAI_API_KEY": "sk-wrong-vendor"})
+        chat_model_for("openai:meta/llama", base_url="https://api.together.xyz/v1", api_key_env="TOGETHER_API_KEY",
+                       env={"OPENAI_API_KEY": "sk-wrong-vendor"})
     # A local server (base URL, no key variable named) gets a placeholder key.
-    assert make_chat_model("openai:Qwen/Qwen3-Coder", base_url="http://127.0.0.1:8000/v1", env={}) is not None
+    assert chat_model_for("openai:Qwen/Qwen3-Coder", base_url="http://127.0.0.1:8000/v1", env={}) is not None
 
 
 def test_bad_base_url_and_replay_have_clear_errors():
     with pytest.raises(ProviderError, match="http:// or https://"):
-        make_chat_model("openai:m", base_url="localhost:8000", env={"OPENAI_API_KEY": "k"})
+        chat_model_for("openai:m", base_url="localhost:8000", env={"OPENAI_API_KEY": "k"})
     with pytest.raises(ProviderError, match="replay"):
-        make_chat_model("replay:some/dir")
+        chat_model_for("replay:some/dir")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_openai_tool_calling_exchange_records_usage_and_cost(serve):
         openai_reply(tool=("call_abc", "check", {"code": CODE}), usage=(1200, 80, 1000)),
         openai_reply(text="The kernel is correct; submitting.", usage=(1400, 30, 1200)),
     )
-    model = make_chat_model("openai:gpt-5.4", base_url=server.url + "/v1", env={"OPENAI_API_KEY": "sk-test"})
+    model = chat_model_for("openai:gpt-5.4", base_url=server.url + "/v1", env={"OPENAI_API_KEY": "sk-test"})
     bound = model.bind_tools([check])
 
     first = invoke_model(bound, PROMPT, sleep=Sleeps())
@@ -279,8 +280,8 @@ def test_anthropic_tool_calling_exchange_records_usage_and_cost(serve):
         anthropic_reply(text="Let me check it.", tool=("toolu_01", "check", {"code": CODE}), usage=(50, 90, 1000, 200)),
         anthropic_reply(text="Correct; submitting.", usage=(70, 25, 1200, 0)),
     )
-    model = make_chat_model("anthropic:claude-sonnet-5", base_url=server.url, max_output_tokens=2048,
-                            env={"ANTHROPIC_API_KEY": "sk-ant-test"})
+    model = chat_model_for("anthropic:claude-sonnet-5", base_url=server.url, max_output_tokens=2048,
+                           env={"ANTHROPIC_API_KEY": "sk-ant-test"})
     bound = model.bind_tools([check])
 
     first = invoke_model(bound, PROMPT, sleep=Sleeps())
@@ -369,8 +370,8 @@ def test_bad_request_fails_at_once(serve, wire):
 
 def test_unauthorized_names_the_key_variable(serve):
     server = serve(error_reply("openai", 401, "invalid api key"))
-    model = make_chat_model("openai:meta/llama", base_url=server.url + "/v1", api_key_env="TOGETHER_API_KEY",
-                            env={"TOGETHER_API_KEY": "wrong"})
+    model = chat_model_for("openai:meta/llama", base_url=server.url + "/v1", api_key_env="TOGETHER_API_KEY",
+                           env={"TOGETHER_API_KEY": "wrong"})
     with pytest.raises(ProviderError, match="HTTP 401.*TOGETHER_API_KEY"):
         invoke_model(model.bind_tools([check]), PROMPT, sleep=Sleeps())
     assert server.hits == 1
@@ -511,15 +512,15 @@ def test_scripted_model_running_out_is_a_clear_error():
 
 def test_scripted_model_strings(tmp_path):
     register_script("test-smoke", [("tool", "check", {"code": CODE}), ("text", "done")])
-    one, two = make_chat_model("scripted:test-smoke"), make_chat_model("scripted:test-smoke")
+    one, two = chat_model_for("scripted:test-smoke"), chat_model_for("scripted:test-smoke")
     assert one.invoke(PROMPT).tool_calls and two.invoke(PROMPT).tool_calls  # each model gets a fresh copy
 
     path = tmp_path / "script.json"
     path.write_text(json.dumps({"steps": [["text", "hello"]]}))
-    assert make_chat_model(f"scripted:{path}").invoke(PROMPT).content == "hello"
+    assert chat_model_for(f"scripted:{path}").invoke(PROMPT).content == "hello"
 
     with pytest.raises(ProviderError, match="no script 'nope'.*test-smoke"):
-        make_chat_model("scripted:nope")
+        chat_model_for("scripted:nope")
     path.write_text(json.dumps([["speak", "hello"]]))
     with pytest.raises(ProviderError, match="script step 0"):
-        make_chat_model(f"scripted:{path}")
+        chat_model_for(f"scripted:{path}")

@@ -25,10 +25,10 @@ def test_the_run_code_and_a_scripted_model_load_no_provider_sdk() -> None:
     loaded = _fresh(
         "import json, sys\n"
         "import agent.cli.run, agent.runner, agent.graph, agent.retry, agent.search.loop\n"
-        "from agent.providers import make_chat_model\n"
+        "from agent.providers import make_chat_model, parse_model_spec\n"
         "from agent.scripted import register_script\n"
         "register_script('hello', [('text', 'hello')])\n"
-        "make_chat_model('scripted:hello').invoke('hi')\n"
+        "make_chat_model(parse_model_spec('scripted:hello')).invoke('hi')\n"
         f"print(json.dumps({{'loaded': sorted(m for m in {SDKS!r} if m in sys.modules)}}))\n")
     assert loaded == {"loaded": []}
 
@@ -40,8 +40,9 @@ def test_the_retry_loop_knows_an_sdks_errors_once_its_model_is_built() -> None:
         "import json, sys, httpx\n"
         "from agent import retry\n"
         "before = [c.__module__ for c in retry.status_errors()]\n"
-        "from agent.providers import make_chat_model\n"
-        "make_chat_model('openai:gpt-4o', base_url='http://127.0.0.1:9/v1', env={'OPENAI_API_KEY': 'x'})\n"
+        "from agent.providers import make_chat_model, parse_model_spec\n"
+        "make_chat_model(parse_model_spec('openai:gpt-4o'), base_url='http://127.0.0.1:9/v1',\n"
+        "                env={'OPENAI_API_KEY': 'x'})\n"
         "import openai\n"
         "request = httpx.Request('POST', 'http://127.0.0.1:9/v1/chat/completions')\n"
         "def status(code):\n"

@@ -25,7 +25,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from agent.budgets import MAX_WALL, Budget
 from agent.executors.local import LocalExecutor
 from agent.executors.request import EvalRequest
-from agent.providers import ProviderError, make_chat_model
+from agent.providers import ProviderError
 from agent.retry import LEAST_TIMEOUT_S, WALL, invoke_model
 from agent.rundir import RunDir
 from agent.runner import RunConfig, Runner, create_run
@@ -34,7 +34,7 @@ from harness import cancel
 from harness.config import EvalConfig, Limits, TimingConfig
 from harness.problems.registry import get, load_suite
 from harness.records.results import EvalResult
-from tests.agent_support import BROKEN, SCRIPTED, eval_config, run_samples, scripted
+from tests.agent_support import BROKEN, SCRIPTED, chat_model_for, eval_config, run_samples, scripted
 from tests.conftest import CANDIDATES, live_children, processes_mentioning
 from tools.base import ToolContext, ToolSettings
 from tools.dispatch import run_tool
@@ -188,8 +188,8 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def chat_model(wire: str, url: str) -> Any:
     if wire == "openai":
-        return make_chat_model("openai:gpt-5.4", base_url=url + "/v1", env={"OPENAI_API_KEY": "sk-test"})
-    return make_chat_model("anthropic:claude-sonnet-5", base_url=url, env={"ANTHROPIC_API_KEY": "sk-ant-test"})
+        return chat_model_for("openai:gpt-5.4", base_url=url + "/v1", env={"OPENAI_API_KEY": "sk-test"})
+    return chat_model_for("anthropic:claude-sonnet-5", base_url=url, env={"ANTHROPIC_API_KEY": "sk-ant-test"})
 
 
 def wait_for(condition: Callable[[], bool]) -> bool:
